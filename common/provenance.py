@@ -1,0 +1,53 @@
+"""Where a number came from: hardware, software versions, code version, machine, time, job."""
+
+import datetime as dt
+import functools
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from .device import describe_device
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+@functools.cache
+def _static_provenance() -> dict:
+    """The fields that cannot change while a process runs."""
+    import triton  # after common.device has set TRITON_INTERPRET
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    commit = _git("rev-parse", "--short=12", "HEAD") or os.environ.get("TRITONLAB_COMMIT", "unknown")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        **describe_device(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda or "none",
+        "cudnn": cudnn or "none",
+        "git_commit": commit,
+        "git_dirty": bool(status),
+        "host": platform.node(),
+    }
+
+
+def provenance() -> dict:
+    """Every column a result row carries besides its own measurements."""
+    return {
+        **_static_provenance(),
+        "utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "slurm_array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID", ""),
+        "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID", ""),
+    }

@@ -1,0 +1,215 @@
+"""Render ``reports/<phase>.md`` from that phase's CSVs, and ``reports/README.md`` as the index.
+
+``python -m common.report`` (``just report``) re-renders every phase that has data. A phase may
+ship ``phases/<phase>/report.py`` with ``render(df, fig) -> str`` returning the markdown body; it
+builds on the helpers here. A phase without one gets a plain table of its rows.
+
+Only CSVs are read: a report never shows a number that is not in ``reports/data``.
+"""
+
+import argparse
+import importlib.util
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .provenance import REPO_ROOT  # noqa: E402
+from .results import data_dir  # noqa: E402
+
+REPORTS = REPO_ROOT / "reports"
+CPU_GPU_LABEL = "cpu (TRITON_INTERPRET=1)"
+
+
+def load_phase(phase: str) -> pd.DataFrame:
+    """Every row ever written for ``phase``, across all its CSVs."""
+    frames = [pd.read_csv(p) for p in sorted((data_dir() / phase).glob("*.csv"))]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    for col in ("variant", "shape", "dtype", "status", "error"):
+        if col in df:
+            df[col] = df[col].fillna("").astype(str)
+    return df
+
+
+def select_latest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """For every GPU and cell (``keys``), keep the rows of the newest run group that measured it."""
+    if df.empty:
+        return df
+    cell = ["gpu", *keys]
+    newest = df.groupby(cell, dropna=False)["utc"].transform("max")
+    group_of_newest = df.loc[df["utc"] == newest].groupby(cell, dropna=False)["run_group"].first()
+    keep = df.join(group_of_newest.rename("_newest_group"), on=cell)
+    return keep.loc[keep["run_group"] == keep["_newest_group"]].drop(columns="_newest_group")
+
+
+def add_speedup(df: pd.DataFrame, keys: list[str], baseline: str, metric: str = "ms",
+                column: str | None = None) -> pd.DataFrame:
+    """Add ``column`` = baseline's ``metric`` / this row's ``metric``, matched on ``keys`` within the
+    same run group, so a speedup always compares numbers measured side by side."""
+    column = column or f"speedup_vs_{baseline}"
+    on = ["run_group", "gpu", *keys]
+    base = df.loc[(df["variant"] == baseline) & (df["status"] == "ok"), [*on, metric]]
+    base = base.drop_duplicates(on).rename(columns={metric: "_base"})
+    out = df.merge(base, on=on, how="left")
+    out[column] = out["_base"] / out[metric]
+    return out.drop(columns="_base")
+
+
+def markdown_table(df: pd.DataFrame, columns: list[str] | None = None, floatfmt: str = ".3g") -> str:
+    if df.empty:
+        return "_no rows_\n"
+    view = df[columns] if columns else df
+    return view.to_markdown(index=False, floatfmt=floatfmt) + "\n"
+
+
+class Figures:
+    """Saves matplotlib figures next to a phase's report and returns their markdown links."""
+
+    def __init__(self, phase: str, root: Path):
+        self.phase = phase
+        self.root = root
+        (root / "figures").mkdir(parents=True, exist_ok=True)
+
+    def line_plot(self, df: pd.DataFrame, *, x: str, y: str, series: str, name: str, title: str,
+                  xlabel: str | None = None, ylabel: str | None = None, logx: bool = False,
+                  logy: bool = False) -> str:
+        """One line per value of ``series``; returns ``![title](figures/...)``."""
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for label, part in df.sort_values(x).groupby(series):
+            ax.plot(part[x], part[y], marker="o", label=str(label))
+        ax.set(title=title, xlabel=xlabel or x, ylabel=ylabel or y)
+        if logx:
+            ax.set_xscale("log")
+        if logy:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.phase}_{name}")
+        path = self.root / "figures" / f"{slug}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return f"![{title}](figures/{path.name})\n"
+
+
+def provenance_table(df: pd.DataFrame) -> str:
+    """One line per run group: where and with what the rows were measured."""
+    cols = ["gpu", "sm_count", "torch", "triton", "cuda", "cudnn", "git_commit", "git_dirty", "host"]
+    cols = [c for c in cols if c in df]
+    runs = df.groupby("run_group", dropna=False).agg({**{c: "first" for c in cols}, "utc": "max"})
+    runs = runs.reset_index().sort_values("utc")
+    return markdown_table(runs, ["run_group", "utc", *cols])
+
+
+def failures_table(df: pd.DataFrame) -> str:
+    failed = df.loc[df["status"] != "ok"]
+    if failed.empty:
+        return ""
+    cols = [c for c in ["gpu", "variant", "shape", "dtype", "status", "error"] if c in failed]
+    return "\n### Cells that did not finish\n\n" + markdown_table(failed, cols)
+
+
+def default_render(df: pd.DataFrame, fig: Figures) -> str:
+    metric_cols = [c for c in df.columns if c.endswith("ms") or c.endswith("_gb") or c.endswith("per_s")]
+    cols = ["gpu", "variant", "shape", "dtype", *metric_cols]
+    return markdown_table(df.loc[df["status"] == "ok"], [c for c in cols if c in df]) + failures_table(df)
+
+
+def _phase_renderer(phase: str) -> Callable[[pd.DataFrame, Figures], str]:
+    path = REPO_ROOT / "phases" / phase / "report.py"
+    if not path.exists():
+        return default_render
+    spec = importlib.util.spec_from_file_location(f"_report_{phase}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.render
+
+
+def _title(phase: str) -> str:
+    readme = REPO_ROOT / "phases" / phase / "README.md"
+    if readme.exists():
+        first = readme.read_text().splitlines()[0]
+        return first.lstrip("# ").strip()
+    return phase
+
+
+def render_phase(phase: str, out_dir: Path | None = None) -> Path | None:
+    """Write ``reports/<phase>.md`` from the phase's CSVs; returns its path (None without data).
+
+    GPU runs come first; rows from CPU runs (the interpreter) are shown last and marked as smoke
+    runs, since their times check that the code runs and measure nothing.
+    """
+    out_dir = out_dir or REPORTS
+    df = load_phase(phase)
+    if df.empty:
+        return None
+    fig = Figures(phase, out_dir)
+    render = _phase_renderer(phase)
+    on_gpu = df.loc[df["gpu"] != CPU_GPU_LABEL]
+    on_cpu = df.loc[df["gpu"] == CPU_GPU_LABEL]
+    parts = [f"# {_title(phase)}\n",
+             f"_Generated by `just report` from `reports/data/{phase}/*.csv`; do not edit by hand._\n"]
+    if not on_gpu.empty:
+        parts += [render(on_gpu, fig), "\n## Runs\n\n", provenance_table(on_gpu)]
+    else:
+        parts.append("No GPU rows yet: run this phase on a CUDA machine.\n")
+    if not on_cpu.empty:
+        cpu_fig = Figures(f"{phase}_cpu", out_dir)
+        parts += ["\n## CPU smoke runs (Triton interpreter; not measurements)\n\n", render(on_cpu, cpu_fig)]
+    path = out_dir / f"{phase}.md"
+    path.write_text("\n".join(parts))
+    return path
+
+
+def render_all(out_dir: Path | None = None) -> list[Path]:
+    out_dir = out_dir or REPORTS
+    phases = sorted(p.name for p in data_dir().iterdir() if p.is_dir()) if data_dir().exists() else []
+    written = [p for p in (render_phase(ph, out_dir) for ph in phases) if p is not None]
+    write_index(out_dir, phases)
+    return written
+
+
+def write_index(out_dir: Path, phases_with_data: list[str]) -> Path:
+    rows = []
+    for phase_dir in sorted((REPO_ROOT / "phases").iterdir()):
+        if not (phase_dir / "__init__.py").exists():
+            continue
+        name = phase_dir.name
+        if name in phases_with_data:
+            df = load_phase(name)
+            gpus = ", ".join(sorted(g for g in df["gpu"].unique() if g != CPU_GPU_LABEL)) or "CPU only"
+            rows.append(f"| [{name}]({name}.md) | {_title(name)} | {gpus} | {df['utc'].max()} |")
+        else:
+            rows.append(f"| {name} | {_title(name)} | no data yet | |")
+    text = (
+        "# Reports\n\n_Generated by `just report`; every number comes from `reports/data/`._\n\n"
+        "| phase | what | measured on | last row (UTC) |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
+    path = out_dir / "README.md"
+    path.write_text(text)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("phases", nargs="*", help="phase directories to render (default: all with data)")
+    args = parser.parse_args()
+    if args.phases:
+        for phase in args.phases:
+            print(render_phase(phase) or f"{phase}: no data")
+        write_index(REPORTS, sorted(p.name for p in data_dir().iterdir() if p.is_dir()))
+    else:
+        for path in render_all():
+            print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+# tritonlab: `just --list` shows every recipe.
+# Recipes run through `uv run`. Where uv cannot sync (an offline GPU node with its own torch),
+# run them with a plain interpreter instead:  PY=python3 just phase 02 --shape mid
+
+PY := env_var_or_default("PY", "uv run python")
+
+# Run one phase by number or name, e.g. `just phase 01 --shape mid` or `just phase flash2 flash-bench`
+phase NAME *ARGS:
+    {{PY}} -m phases {{NAME}} {{ARGS}}
+
+# CPU test suite (Triton interpreter mode); extra pytest arguments pass through
+test *ARGS:
+    TRITON_INTERPRET=1 {{PY}} -m pytest -m "not gpu and not slurm" -q {{ARGS}}
+
+# GPU tests (bf16, real kernels): on a CUDA machine
+test-gpu *ARGS:
+    {{PY}} -m pytest -m gpu -q {{ARGS}}
+
+# Slurm end-to-end tests against a local single-node cluster (needs root to install Slurm)
+test-slurm *ARGS:
+    {{PY}} -m pytest -m slurm -q {{ARGS}}
+
+# Re-render every markdown report from the CSVs under reports/data
+report *PHASES:
+    {{PY}} -m common.report {{PHASES}}
+
+# ruff: lint and format check
+lint:
+    {{PY}} -m ruff check .
+    {{PY}} -m ruff format --check .
+
+# ruff: fix what can be fixed automatically
+fmt:
+    {{PY}} -m ruff check --fix .
+    {{PY}} -m ruff format .
