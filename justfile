@@ -10,7 +10,7 @@ phase NAME *ARGS:
 
 # CPU test suite (Triton interpreter mode); extra pytest arguments pass through
 test *ARGS:
-    TRITON_INTERPRET=1 {{PY}} -m pytest -m "not gpu and not slurm" -q {{ARGS}}
+    TRITON_INTERPRET=1 {{PY}} -m pytest -m "not gpu" -q {{ARGS}}
 
 # GPU tests (bf16, real kernels): on a CUDA machine
 test-gpu *ARGS:

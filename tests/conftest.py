@@ -1,0 +1,20 @@
+"""Shared test set-up: the harness first (it decides interpreter mode), rows to a temporary dir."""
+
+import common  # noqa: F401  -- must precede any module that defines Triton kernels
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `just test-gpu` on one)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _rows_to_tmp(tmp_path, monkeypatch):
+    """No test writes into reports/data: every ResultWriter goes to a temporary directory."""
+    monkeypatch.setenv("TRITONLAB_DATA_DIR", str(tmp_path / "data"))
