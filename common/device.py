@@ -15,7 +15,9 @@ ON_GPU: bool = torch.cuda.is_available()
 if not ON_GPU:
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         # Kernels defined before this point would be compiled for a GPU that is not there.
-        print("warning: triton was imported before common; its kernels may not run on the CPU", file=sys.stderr)
+        print(
+            "warning: triton was imported before common; its kernels may not run on the CPU", file=sys.stderr
+        )
     os.environ["TRITON_INTERPRET"] = "1"
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")

@@ -31,8 +31,9 @@ SHAPES: dict[str, TNPShape] = {
 }
 
 
-def resolve_shape(name: str | None, batch: int | None = None, m_context: int | None = None,
-                  n_target: int | None = None) -> TNPShape:
+def resolve_shape(
+    name: str | None, batch: int | None = None, m_context: int | None = None, n_target: int | None = None
+) -> TNPShape:
     """The named shape, with any overrides, after checking every field; ``None`` picks
     ``small`` on a GPU and ``tiny`` on the CPU."""
     name = name or ("small" if ON_GPU else "tiny")

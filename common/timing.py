@@ -42,8 +42,12 @@ class Timing:
     reps: int
 
     def as_row(self, prefix: str = "") -> dict:
-        return {f"{prefix}ms": self.ms, f"{prefix}p20_ms": self.p20_ms, f"{prefix}p80_ms": self.p80_ms,
-                f"{prefix}reps": self.reps}
+        return {
+            f"{prefix}ms": self.ms,
+            f"{prefix}p20_ms": self.p20_ms,
+            f"{prefix}p80_ms": self.p80_ms,
+            f"{prefix}reps": self.reps,
+        }
 
 
 def summarize(samples_ms: list[float]) -> Timing:
@@ -85,8 +89,15 @@ def _flush_l2() -> None:
     _L2_FLUSH["buf"].zero_()
 
 
-def bench(fn: Callable[[], object], *, warmup_ms: float = 100.0, rep_ms: float = 500.0,
-          min_reps: int = 3, max_reps: int = 500, flush_l2: bool = True) -> Timing:
+def bench(
+    fn: Callable[[], object],
+    *,
+    warmup_ms: float = 100.0,
+    rep_ms: float = 500.0,
+    min_reps: int = 3,
+    max_reps: int = 500,
+    flush_l2: bool = True,
+) -> Timing:
     """Time ``fn()`` after warm-up and return the median and spread in milliseconds.
 
     One untimed call compiles and estimates the cost; the number of warm-up and timed calls then

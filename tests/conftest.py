@@ -1,8 +1,9 @@
 """Shared test set-up: the harness first (it decides interpreter mode), rows to a temporary dir."""
 
-import common  # noqa: F401  -- must precede any module that defines Triton kernels
 import pytest
 import torch
+
+import common  # noqa: F401  -- must precede any module that defines Triton kernels
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,9 +19,17 @@ class Tasks(NamedTuple):
     yt: Tensor  # (B, N, 1)     target outputs, what the model predicts
 
 
-def sample_tasks(batch: int, m_context: int, n_target: int, *, x_dim: int = 1, device="cpu",
-                 generator: torch.Generator | None = None, n_features: int = 128,
-                 noise_std: float = 0.05) -> Tasks:
+def sample_tasks(
+    batch: int,
+    m_context: int,
+    n_target: int,
+    *,
+    x_dim: int = 1,
+    device="cpu",
+    generator: torch.Generator | None = None,
+    n_features: int = 128,
+    noise_std: float = 0.05,
+) -> Tasks:
     """``batch`` tasks of M context and N target points; reproducible through ``generator``."""
     kw = {"device": device, "generator": generator}
     length = m_context + n_target

@@ -79,7 +79,9 @@ def sdpa_attention(backend: str) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
 class Components:
     """The swappable parts of the model; each later phase passes its kernels here."""
 
-    attention: Callable[[Tensor, Tensor, Tensor], Tensor] = field(default_factory=lambda: sdpa_attention("math"))
+    attention: Callable[[Tensor, Tensor, Tensor], Tensor] = field(
+        default_factory=lambda: sdpa_attention("math")
+    )
     mlp: Callable[[Tensor, Tensor, Tensor], Tensor] = mlp_eager
     heads: Callable[[Tensor, Tensor, Tensor], Tensor] = gmm_heads_loop
     loss: Callable[[Tensor, Tensor], Tensor] = gmm_nll
@@ -146,7 +148,9 @@ class TransformerNP(nn.Module):
     def __init__(self, cfg: TNPConfig = TNPConfig(), components: Components | None = None):
         super().__init__()
         if cfg.y_dim != 1:
-            raise ValueError(f"y_dim: the GMM head models a scalar target, so y_dim must be 1, got {cfg.y_dim}")
+            raise ValueError(
+                f"y_dim: the GMM head models a scalar target, so y_dim must be 1, got {cfg.y_dim}"
+            )
         self.cfg = cfg
         self.components = components or Components()
         self.embed = nn.Linear(cfg.x_dim + cfg.y_dim + 1, cfg.d_model, bias=False)

@@ -34,8 +34,9 @@ def autocast(dtype: torch.dtype | None):
     return torch.autocast("cuda" if ON_GPU else "cpu", dtype=dtype)
 
 
-def train_step(model, loss_fn, optimizer, tasks: Tasks, dtype: torch.dtype | None,
-               timer: StageTimer | None = None) -> torch.Tensor:
+def train_step(
+    model, loss_fn, optimizer, tasks: Tasks, dtype: torch.dtype | None, timer: StageTimer | None = None
+) -> torch.Tensor:
     """Forward, backward and optimizer step; ``loss_fn`` is ``model.loss`` or its compiled form."""
     stage = timer.stage if timer else (lambda _: contextlib.nullcontext())
     with stage("step"):
@@ -66,9 +67,17 @@ class StepResult:
         return dict(self.__dict__)
 
 
-def measure_training_step(cfg: TNPConfig, components: Components, shape: TNPShape, dtype_name: str, *,
-                          compile_model: bool = False, warmup: int = 2, steps: int = 5,
-                          seed: int = 0) -> StepResult:
+def measure_training_step(
+    cfg: TNPConfig,
+    components: Components,
+    shape: TNPShape,
+    dtype_name: str,
+    *,
+    compile_model: bool = False,
+    warmup: int = 2,
+    steps: int = 5,
+    seed: int = 0,
+) -> StepResult:
     """Median step time and per-stage times over ``steps`` training steps after ``warmup`` ones.
 
     The warm-up steps absorb torch.compile's compilation and the kernels' autotuning; the peak
@@ -77,8 +86,9 @@ def measure_training_step(cfg: TNPConfig, components: Components, shape: TNPShap
     dtype = check_dtype(dtype_name)
     device = "cuda" if ON_GPU else "cpu"
     generator = torch.Generator(device=device).manual_seed(seed)
-    tasks = sample_tasks(shape.batch, shape.m_context, shape.n_target, x_dim=cfg.x_dim, device=device,
-                         generator=generator)
+    tasks = sample_tasks(
+        shape.batch, shape.m_context, shape.n_target, x_dim=cfg.x_dim, device=device, generator=generator
+    )
     with measure_peak_memory() as mem:
         model, optimizer = build(cfg, components, seed, device)
         loss_fn = torch.compile(model.loss) if compile_model else model.loss
@@ -90,15 +100,30 @@ def measure_training_step(cfg: TNPConfig, components: Components, shape: TNPShap
         stages = timer.summary()
     step = stages["step"]
     return StepResult(
-        step_ms=step.ms, step_p20_ms=step.p20_ms, step_p80_ms=step.p80_ms,
-        forward_ms=stages["forward"].ms, backward_ms=stages["backward"].ms,
-        optimizer_ms=stages["optimizer"].ms, tokens_per_s=shape.tokens / (step.ms / 1e3),
-        peak_mem_gb=mem.peak_gb, steps=steps, loss=float(loss),
+        step_ms=step.ms,
+        step_p20_ms=step.p20_ms,
+        step_p80_ms=step.p80_ms,
+        forward_ms=stages["forward"].ms,
+        backward_ms=stages["backward"].ms,
+        optimizer_ms=stages["optimizer"].ms,
+        tokens_per_s=shape.tokens / (step.ms / 1e3),
+        peak_mem_gb=mem.peak_gb,
+        steps=steps,
+        loss=float(loss),
     )
 
 
-def train_loss_curve(cfg: TNPConfig, components: Components, shape: TNPShape, dtype_name: str, *,
-                     steps: int, log_every: int, seed: int = 0, lr: float = 3e-4):
+def train_loss_curve(
+    cfg: TNPConfig,
+    components: Components,
+    shape: TNPShape,
+    dtype_name: str,
+    *,
+    steps: int,
+    log_every: int,
+    seed: int = 0,
+    lr: float = 3e-4,
+):
     """Train on fresh tasks each step; yields (step, loss) every ``log_every`` steps."""
     dtype = check_dtype(dtype_name)
     device = "cuda" if ON_GPU else "cpu"
@@ -108,8 +133,9 @@ def train_loss_curve(cfg: TNPConfig, components: Components, shape: TNPShape, dt
         group["lr"] = lr
     running = []
     for step in range(1, steps + 1):
-        tasks = sample_tasks(shape.batch, shape.m_context, shape.n_target, x_dim=cfg.x_dim, device=device,
-                             generator=generator)
+        tasks = sample_tasks(
+            shape.batch, shape.m_context, shape.n_target, x_dim=cfg.x_dim, device=device, generator=generator
+        )
         running.append(train_step(model, model.loss, optimizer, tasks, dtype))
         if step % log_every == 0 or step == steps:
             yield step, float(torch.stack(running).mean())
