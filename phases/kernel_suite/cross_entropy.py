@@ -1,0 +1,171 @@
+"""Cross-entropy over a large vocabulary: the loss and the gradient of the logits in one kernel.
+
+For a row of logits x and target t: ``loss = logsumexp(x) - x[t]`` and
+``dloss/dx = softmax(x) - onehot(t)``. Eager PyTorch upcasts the logits, writes a log-softmax,
+reads it back for the loss and again for the gradient: several passes over rows x vocab values.
+Here the forward, when the logits need a gradient, writes that gradient at once:
+
+1. one sweep over the row with an *online* logsumexp (a running max and a running sum rescaled
+   whenever the max grows), which also picks up ``x[t]``;
+2. a second sweep writes ``(softmax(x) - onehot(t)) * scale``.
+
+A persistent grid of one program per SM keeps only ~132 rows in flight; at 128 256 bf16 logits a
+row is 250 KB, so the rows being worked on (33 MB) fit in H100's 50 MB L2 and the second sweep
+reads from L2: device memory sees the logits read once and the gradient written once.
+
+The scale is 1/(number of non-ignored targets) for ``reduction="mean"``, taken on the device (no
+host sync). The upstream gradient of the loss multiplies the stored gradient in the backward; that
+kernel skips rows whose factor is exactly 1 (the usual ``loss.backward()``), so it costs nothing then.
+Offsets are int64: rows x vocab may exceed 2**31.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+import common  # noqa: F401  -- decides interpreter mode before any @triton.jit
+
+from .checks import as_rows, check_float, persistent_programs
+
+BLOCK_V = 16384 if common.ON_GPU else 512  # the interpreter is faster with small blocks
+NUM_WARPS = 32
+
+
+@triton.jit
+def _cross_entropy_fwd_kernel(LOGITS, TARGET, LOSS, GRAD, N_VALID, n_rows, n_cols, stride_logits, stride_grad,
+                              ignore_index, MEAN: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
+                              BLOCK_V: tl.constexpr):
+    if MEAN:
+        inv_n = 1.0 / tl.load(N_VALID).to(tl.float32)
+    else:
+        inv_n = 1.0
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row_logits = LOGITS + tl.cast(row, tl.int64) * stride_logits
+        target = tl.load(TARGET + row).to(tl.int64)
+        ignored = target == ignore_index
+        # Sweep 1: online logsumexp; the row's max only grows, the running sum is rescaled with it.
+        running_max = float("-inf")
+        running_sum = 0.0
+        for start in range(0, n_cols, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            x = tl.load(row_logits + cols, mask=cols < n_cols, other=float("-inf"),
+                        eviction_policy="evict_last").to(tl.float32)
+            new_max = tl.maximum(running_max, tl.max(x, axis=0))
+            running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), axis=0)
+            running_max = new_max
+        lse = running_max + tl.log(running_sum)
+        x_target = tl.load(row_logits + target, mask=target != ignore_index, other=0.0).to(tl.float32)
+        tl.store(LOSS + row, tl.where(ignored, 0.0, lse - x_target))
+        if COMPUTE_GRAD:
+            scale = tl.where(ignored, 0.0, inv_n)
+            row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
+            # Sweep 2: the row is still in L2; write the gradient once.
+            for start in range(0, n_cols, BLOCK_V):
+                cols = start + tl.arange(0, BLOCK_V)
+                mask = cols < n_cols
+                x = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                p = tl.exp(x - lse)
+                g = tl.where(cols == target, p - 1.0, p) * scale
+                tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+
+
+@triton.jit
+def _scale_rows_kernel(GRAD, DLOSS, n_cols, stride_grad, stride_dloss, BLOCK: tl.constexpr):
+    """GRAD[row] *= DLOSS[row * stride_dloss], skipped when the factor is exactly 1."""
+    row = tl.program_id(0).to(tl.int64)
+    factor = tl.load(DLOSS + row * stride_dloss).to(tl.float32)
+    if factor != 1.0:
+        row_grad = GRAD + row * stride_grad
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            g = tl.load(row_grad + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(row_grad + cols, (g * factor).to(GRAD.dtype.element_ty), mask=mask)
+
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+class CrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, reduction, inplace):
+        shape = logits.shape
+        rows = as_rows(logits)
+        n_rows, n_cols = rows.shape
+        target = target.reshape(-1)
+        compute_grad = ctx.needs_input_grad[0]
+        if not compute_grad:
+            grad = rows  # never written
+        elif inplace:
+            if rows.data_ptr() != logits.data_ptr() or not logits.is_contiguous():
+                raise ValueError("inplace: the logits must be contiguous to receive their gradient in place")
+            grad = rows
+        else:
+            grad = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
+        loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+        n_valid = (target != ignore_index).sum()
+        _cross_entropy_fwd_kernel[(persistent_programs(n_rows, per_sm=1),)](
+            rows, target, loss_rows, grad, n_valid, n_rows, n_cols, rows.stride(0), grad.stride(0), ignore_index,
+            MEAN=reduction == "mean", COMPUTE_GRAD=compute_grad, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
+        ctx.grad = grad.view(shape) if compute_grad else None
+        ctx.reduction = reduction
+        if reduction == "mean":
+            return loss_rows.sum() / n_valid
+        if reduction == "sum":
+            return loss_rows.sum()
+        return loss_rows.view(shape[:-1])
+
+    @staticmethod
+    def backward(ctx, dloss):
+        if ctx.grad is None:
+            raise RuntimeError("cross_entropy: the gradient stored by the forward was already handed to a first "
+                               "backward (it is scaled in place); a second backward (retain_graph) is not supported")
+        grad, ctx.grad = ctx.grad, None
+        rows = grad.view(-1, grad.shape[-1])
+        dloss_flat = dloss.reshape(-1) if ctx.reduction == "none" else dloss.reshape(1)
+        stride_dloss = dloss_flat.stride(0) if ctx.reduction == "none" else 0
+        _scale_rows_kernel[(rows.shape[0],)](rows, dloss_flat, rows.shape[1], rows.stride(0), stride_dloss,
+                                             BLOCK=4096 if common.ON_GPU else 512, num_warps=8)
+        return grad, None, None, None, None
+
+
+def _check(logits, target, ignore_index, reduction):
+    check_float("logits", logits)
+    if logits.dim() < 2:
+        raise ValueError(f"logits: expected (..., vocab) with at least 2 dimensions, got {tuple(logits.shape)}")
+    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"target: expected an int64 or int32 tensor, got {getattr(target, 'dtype', type(target))}")
+    if target.shape != logits.shape[:-1]:
+        raise ValueError(f"target: expected shape {tuple(logits.shape[:-1])} (logits without the vocab dimension), "
+                         f"got {tuple(target.shape)}")
+    if target.device != logits.device:
+        raise ValueError(f"target: on {target.device}, but logits are on {logits.device}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    vocab = logits.shape[-1]
+    bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
+    if bool(bad.any()):  # one small reduction and a sync: an out-of-range target would read out of bounds
+        value = int(target[bad][0])
+        raise ValueError(f"target: value {value} is outside [0, {vocab}) and is not ignore_index={ignore_index}")
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
+                  inplace: bool = False) -> torch.Tensor:
+    """Cross-entropy of ``logits`` (..., V) against ``target`` (...), like ``F.cross_entropy``.
+
+    The loss is fp32. With ``inplace=True`` the gradient is written over the logits (saving their
+    size in memory); the caller's logits are then gone, so use it only when nothing else needs them.
+    A second backward through the same graph (``retain_graph=True``) is refused.
+    """
+    _check(logits, target, ignore_index, reduction)
+    return CrossEntropyFunction.apply(logits, target, ignore_index, reduction, inplace)
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean"):
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(logits, target, self.ignore_index, self.reduction)

@@ -1,0 +1,141 @@
+"""RMSNorm, ``y = x / sqrt(mean(x**2) + eps) * weight`` over the last dimension, forward and backward.
+
+Forward: each program holds whole rows in registers (several narrow rows at once), so ``x`` is read
+once and ``y`` written once; the reciprocal RMS of each row (4 bytes) is kept for the backward.
+
+Backward: ``dx = rstd * (dy*w - xhat * mean(dy*w*xhat))`` with ``xhat = x*rstd`` is again row-local,
+but ``dW = sum over rows of dy*xhat`` crosses rows. A persistent grid of a few programs per SM walks
+the rows, each program adding its rows' contributions into an fp32 accumulator in registers; the
+per-program partial sums (programs x hidden, fp32) are then added by a small second kernel. No
+atomics, so the result is deterministic.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+import common  # noqa: F401  -- decides interpreter mode before any @triton.jit
+
+from .checks import as_rows, check_float, check_row_width, persistent_programs, row_block_settings
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    mask = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)  # rows x stride can pass 2**31
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, n_cols, stride_dy, stride_x, stride_dx,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < n_cols
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)
+        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        xhat = x * rstd[:, None]
+        dyw = dy * w[None, :]
+        mean_dyw_xhat = tl.sum(dyw * xhat, axis=1) / n_cols
+        dx = (dyw - xhat * mean_dyw_xhat[:, None]) * rstd[:, None]
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        dw += tl.sum(dy * xhat, axis=0)
+    tl.store(DW_PARTIAL + pid * n_cols + cols, dw, mask=col_ok)
+
+
+@triton.jit
+def _sum_partials_kernel(PARTIAL, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """OUT[c] = sum over p of PARTIAL[p, c], in fp32, cast on the store."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < n_cols
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for start in range(0, n_parts, BLOCK_P):
+        parts = start + tl.arange(0, BLOCK_P)
+        mask = (parts < n_parts)[:, None] & col_ok[None, :]
+        acc += tl.sum(tl.load(PARTIAL + parts[:, None] * n_cols + cols[None, :], mask=mask, other=0.0), axis=0)
+    tl.store(OUT + cols, acc.to(OUT.dtype.element_ty), mask=col_ok)
+
+
+def _check(x, weight, eps):
+    check_float("x", x)
+    check_float("weight", weight)
+    if x.dim() < 1:
+        raise ValueError("x: expected at least one dimension (the hidden size last)")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight: expected shape ({x.shape[-1]},) to match x's last dimension, "
+                         f"got {tuple(weight.shape)}")
+    if weight.device != x.device:
+        raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
+    check_row_width("x", x.shape[-1])
+    if not eps > 0:
+        raise ValueError(f"eps: must be positive, got {eps}")
+
+
+class RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        x2 = as_rows(x)
+        n_rows, n_cols = x2.shape
+        y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+        rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+        block_m, block_n, num_warps = row_block_settings(n_cols)
+        _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
+            x2, weight, y, rstd, n_rows, n_cols, x2.stride(0), y.stride(0), eps,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+        ctx.save_for_backward(x2, weight, rstd)
+        ctx.x_shape = x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, rstd = ctx.saved_tensors
+        dy2 = as_rows(dy)
+        n_rows, n_cols = x2.shape
+        dx = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
+        block_m, block_n, num_warps = row_block_settings(n_cols)
+        n_programs = persistent_programs(triton.cdiv(n_rows, block_m))
+        partial = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x2.device)
+        _rms_norm_bwd_kernel[(n_programs,)](
+            dy2, x2, weight, rstd, dx, partial, n_rows, n_cols, dy2.stride(0), x2.stride(0), dx.stride(0),
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+        dw = torch.empty_like(weight)
+        block_c = min(256, triton.next_power_of_2(n_cols))
+        _sum_partials_kernel[(triton.cdiv(n_cols, block_c),)](
+            partial, dw, n_programs, n_cols, BLOCK_P=32, BLOCK_C=block_c, num_warps=4)
+        return dx.view(ctx.x_shape), dw, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm over the last dimension of ``x`` (any leading shape, width up to 65 536), fp32 inside."""
+    _check(x, weight, eps)
+    return RMSNormFunction.apply(x, weight, eps)
+
+
+class RMSNorm(torch.nn.Module):
+    """``torch.nn.RMSNorm``-like module on the Triton kernels (weight initialised to ones)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
