@@ -91,7 +91,13 @@ def measure_training_step(
     )
     with measure_peak_memory() as mem:
         model, optimizer = build(cfg, components, seed, device)
-        loss_fn = torch.compile(model.loss) if compile_model else model.loss
+        if compile_model:
+            # A fresh, static compilation per cell: after a second shape dynamo would otherwise
+            # recompile with dynamic shapes, a different (and here failing) program.
+            torch._dynamo.reset()
+            loss_fn = torch.compile(model.loss, dynamic=False)
+        else:
+            loss_fn = model.loss
         for _ in range(warmup):
             train_step(model, loss_fn, optimizer, tasks, dtype)
         timer = StageTimer()
