@@ -1,0 +1,734 @@
+"""FlashAttention-2 in Triton: a forward kernel and a two-kernel backward, causal or not.
+
+Forward: one program per (query tile, batch) -- the (T_q, B) grid. It keeps its Q tile, the
+running max m, the running sum l and the output accumulator on chip in fp32, streams K and V tiles
+through, and writes O and L = m + log(l) once. Backward: dK and dV are finished by one program per
+key tile that streams the query tiles past it; dQ by one program per query tile that streams the
+key tiles past it. Each kernel owns what it writes, so there are no atomics, at the price of
+recomputing the scores and dP twice (seven matmuls instead of five).
+
+Three tricks carry most of the speed:
+- the softmax runs in base 2 (``exp2``), with 1/sqrt(d) and log2(e) folded into one multiply;
+- causal: tiles entirely above the diagonal are never visited, and the tiles entirely below it run
+  a loop with no mask at all -- only the few tiles on the diagonal (or at a ragged end) pay for
+  ``tl.where``;
+- heavy causal programs are launched first so the last wave is made of short ones.
+"""
+
+import math
+from dataclasses import dataclass
+
+from common import ON_GPU  # first: without a GPU it switches Triton to its interpreter
+
+# isort: split
+import torch
+import triton
+import triton.language as tl
+
+from .reference import check_inputs
+
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+HEAD_DIMS = (16, 32, 64, 128)
+LOG2E = math.log2(math.e)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int  # queries per tile
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int
+
+
+# Tile choices per kernel, from `python -m phases.flash2 flash-bench --tune` on an H100
+# (the measurements and the reasons are in README.md). The interpreter gets small tiles: it runs
+# every program in Python, so fewer, smaller blocks are what keeps the CPU tests quick.
+INTERPRETER_CONFIGS = {kernel: TileConfig(16, 16, 4, 1) for kernel in ("fwd", "dq", "dkdv")}
+GPU_CONFIGS = {
+    # (kernel, 16-bit inputs?, head dim <= 64?) -> tiles
+    ("fwd", True, True): TileConfig(128, 64, 4, 3),
+    ("fwd", True, False): TileConfig(128, 64, 8, 3),
+    ("dq", True, True): TileConfig(128, 64, 8, 2),
+    ("dq", True, False): TileConfig(128, 64, 8, 2),
+    ("dkdv", True, True): TileConfig(64, 128, 8, 2),
+    ("dkdv", True, False): TileConfig(64, 128, 8, 2),
+    # fp32 tiles take twice the shared memory: smaller tiles, and TF32 tensor-core dots.
+    ("fwd", False, True): TileConfig(64, 64, 4, 2),
+    ("fwd", False, False): TileConfig(64, 32, 4, 2),
+    ("dq", False, True): TileConfig(64, 64, 4, 2),
+    ("dq", False, False): TileConfig(64, 32, 4, 2),
+    ("dkdv", False, True): TileConfig(64, 64, 4, 2),
+    ("dkdv", False, False): TileConfig(32, 64, 4, 2),
+}
+
+
+def tile_config(kernel: str, dtype: torch.dtype, head_dim: int) -> TileConfig:
+    if not ON_GPU:
+        return INTERPRETER_CONFIGS[kernel]
+    return GPU_CONFIGS[(kernel, dtype != torch.float32, head_dim <= 64)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_key_loop(
+    acc,
+    m_i,
+    l_i,
+    q,
+    kT_ptr,
+    v_ptr,
+    start_n,
+    end_n,
+    offs_m,
+    qk_scale,
+    n_keys,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """Fold key tiles [start_n, end_n) into the running (acc, m, l) of one query tile.
+
+    Unmasked tiles lie inside the keys and below the diagonal: no bounds check and no tl.where.
+    """
+    kT_ptr = tl.advance(kT_ptr, (0, start_n))
+    v_ptr = tl.advance(v_ptr, (start_n, 0))
+    for start in range(start_n, end_n, BLOCK_N):
+        if MASKED:
+            kT = tl.load(kT_ptr, boundary_check=(1,), padding_option="zero")
+            v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
+        else:
+            kT = tl.load(kT_ptr)
+            v = tl.load(v_ptr)
+        s = tl.dot(q, kT) * qk_scale  # scores in base-2 units: log2(e) / sqrt(d) already folded in
+        if MASKED:
+            offs_n = start + tl.arange(0, BLOCK_N)
+            keep = offs_n[None, :] < n_keys
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)  # rescales what earlier tiles accumulated
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+        kT_ptr = tl.advance(kT_ptr, (0, BLOCK_N))
+        v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    O,
+    L,
+    stride_qb,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_om,
+    stride_od,
+    n_queries,
+    n_keys,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EVEN_M: tl.constexpr,
+):
+    num_m = tl.num_programs(0)
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the last query tiles see the most keys: start them first
+        pid_m = num_m - 1 - pid_m
+    b = tl.program_id(1).to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+
+    q_ptr = tl.make_block_ptr(
+        Q + b * stride_qb,
+        (n_queries, HEAD_DIM),
+        (stride_qm, stride_qd),
+        (start_m, 0),
+        (BLOCK_M, HEAD_DIM),
+        (1, 0),
+    )
+    kT_ptr = tl.make_block_ptr(
+        K + b * stride_kb, (HEAD_DIM, n_keys), (stride_kd, stride_kn), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
+    )
+    v_ptr = tl.make_block_ptr(
+        V + b * stride_vb, (n_keys, HEAD_DIM), (stride_vn, stride_vd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0)
+    )
+    q = tl.load(q_ptr) if EVEN_M else tl.load(q_ptr, boundary_check=(0,), padding_option="zero")
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    # Keys [0, end_n) matter; [0, full_n) are whole tiles needing no mask.
+    if CAUSAL:
+        end_n = tl.minimum(n_keys, start_m + BLOCK_M)
+        full_n = tl.minimum(start_m, n_keys) // BLOCK_N * BLOCK_N
+    else:
+        end_n = n_keys
+        full_n = n_keys // BLOCK_N * BLOCK_N
+    acc, m_i, l_i = _fwd_key_loop(
+        acc, m_i, l_i, q, kT_ptr, v_ptr, 0, full_n, offs_m, qk_scale, n_keys, BLOCK_N, False, CAUSAL
+    )
+    acc, m_i, l_i = _fwd_key_loop(
+        acc, m_i, l_i, q, kT_ptr, v_ptr, full_n, end_n, offs_m, qk_scale, n_keys, BLOCK_N, True, CAUSAL
+    )
+
+    o_ptr = tl.make_block_ptr(
+        O + b * stride_ob,
+        (n_queries, HEAD_DIM),
+        (stride_om, stride_od),
+        (start_m, 0),
+        (BLOCK_M, HEAD_DIM),
+        (1, 0),
+    )
+    o = (acc / l_i[:, None]).to(O.dtype.element_ty)
+    lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634  # back to natural log
+    if EVEN_M:
+        tl.store(o_ptr, o)
+        tl.store(L + b * n_queries + offs_m, lse)
+    else:
+        tl.store(o_ptr, o, boundary_check=(0,))
+        tl.store(L + b * n_queries + offs_m, lse, mask=offs_m < n_queries)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bwd_delta_kernel(
+    O,
+    DO,
+    Delta,
+    stride_ob,
+    stride_om,
+    stride_od,
+    stride_dob,
+    stride_dom,
+    stride_dod,
+    n_queries,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Delta_i = rowsum(O_i * dO_i), which every dS tile subtracts."""
+    b = tl.program_id(1).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m[:, None] < n_queries
+    o = tl.load(O + b * stride_ob + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=row_ok)
+    do = tl.load(
+        DO + b * stride_dob + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=row_ok
+    )
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + b * n_queries + offs_m, delta, mask=offs_m < n_queries)
+
+
+@triton.jit
+def _dkdv_query_loop(
+    dk,
+    dv,
+    k,
+    v,
+    qT_ptr,
+    do_ptr,
+    L,
+    Delta,
+    start_m,
+    end_m,
+    offs_n,
+    qk_scale,
+    n_queries,
+    BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """Accumulate dK, dV of one key tile over query tiles [start_m, end_m), working on transposes
+    (keys along rows) so that dK = dS^T Q and dV = P^T dO need no shuffles of the accumulators."""
+    qT_ptr = tl.advance(qT_ptr, (0, start_m))
+    do_ptr = tl.advance(do_ptr, (start_m, 0))
+    for start in range(start_m, end_m, BLOCK_M):
+        offs_m = start + tl.arange(0, BLOCK_M)
+        if MASKED:
+            qT = tl.load(qT_ptr, boundary_check=(1,), padding_option="zero")
+            do = tl.load(do_ptr, boundary_check=(0,), padding_option="zero")
+            lse2 = tl.load(L + offs_m, mask=offs_m < n_queries, other=float("inf"))
+            delta = tl.load(Delta + offs_m, mask=offs_m < n_queries, other=0.0)
+        else:
+            qT = tl.load(qT_ptr)
+            do = tl.load(do_ptr)
+            lse2 = tl.load(L + offs_m)
+            delta = tl.load(Delta + offs_m)
+        # P^T recomputed from the saved logsumexp (converted to base 2 by the caller's scale).
+        pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse2[None, :] * 1.4426950408889634)
+        if MASKED:
+            keep = offs_m[None, :] < n_queries
+            if CAUSAL:
+                keep = keep & (offs_m[None, :] >= offs_n[:, None])
+            pT = tl.where(keep, pT, 0.0)
+        dv = tl.dot(pT.to(do.dtype), do, dv)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
+        qT_ptr = tl.advance(qT_ptr, (0, BLOCK_M))
+        do_ptr = tl.advance(do_ptr, (BLOCK_M, 0))
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    L,
+    Delta,
+    DK,
+    DV,
+    stride_qb,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    stride_dob,
+    stride_dom,
+    stride_dod,
+    n_queries,
+    n_keys,
+    qk_scale,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EVEN_N: tl.constexpr,
+):
+    # Causal: the first key tiles are seen by the most queries, and they already start first.
+    start_n = tl.program_id(0) * BLOCK_N
+    b = tl.program_id(1).to(tl.int64)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_ptr = tl.make_block_ptr(
+        K + b * stride_kb,
+        (n_keys, HEAD_DIM),
+        (stride_kn, stride_kd),
+        (start_n, 0),
+        (BLOCK_N, HEAD_DIM),
+        (1, 0),
+    )
+    v_ptr = tl.make_block_ptr(
+        V + b * stride_vb,
+        (n_keys, HEAD_DIM),
+        (stride_vn, stride_vd),
+        (start_n, 0),
+        (BLOCK_N, HEAD_DIM),
+        (1, 0),
+    )
+    if EVEN_N:
+        k = tl.load(k_ptr)
+        v = tl.load(v_ptr)
+    else:
+        k = tl.load(k_ptr, boundary_check=(0,), padding_option="zero")
+        v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
+    qT_ptr = tl.make_block_ptr(
+        Q + b * stride_qb, (HEAD_DIM, n_queries), (stride_qd, stride_qm), (0, 0), (HEAD_DIM, BLOCK_M), (0, 1)
+    )
+    do_ptr = tl.make_block_ptr(
+        DO + b * stride_dob,
+        (n_queries, HEAD_DIM),
+        (stride_dom, stride_dod),
+        (0, 0),
+        (BLOCK_M, HEAD_DIM),
+        (1, 0),
+    )
+    L += b * n_queries
+    Delta += b * n_queries
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+
+    # Query tiles: [first_m, diag_end) cross the diagonal (causal), [diag_end, full_m) need no mask,
+    # [full_m, padded end) is the ragged last tile. Non-causal has no diagonal part.
+    full_m = n_queries // BLOCK_M * BLOCK_M
+    if CAUSAL:
+        first_m = start_n // BLOCK_M * BLOCK_M
+        diag_end = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M
+    else:
+        first_m = 0
+        diag_end = 0
+    mid = tl.maximum(first_m, tl.minimum(diag_end, full_m))
+    dk, dv = _dkdv_query_loop(
+        dk,
+        dv,
+        k,
+        v,
+        qT_ptr,
+        do_ptr,
+        L,
+        Delta,
+        first_m,
+        mid,
+        offs_n,
+        qk_scale,
+        n_queries,
+        BLOCK_M,
+        True,
+        CAUSAL,
+    )
+    dk, dv = _dkdv_query_loop(
+        dk,
+        dv,
+        k,
+        v,
+        qT_ptr,
+        do_ptr,
+        L,
+        Delta,
+        mid,
+        full_m,
+        offs_n,
+        qk_scale,
+        n_queries,
+        BLOCK_M,
+        False,
+        CAUSAL,
+    )
+    dk, dv = _dkdv_query_loop(
+        dk,
+        dv,
+        k,
+        v,
+        qT_ptr,
+        do_ptr,
+        L,
+        Delta,
+        tl.maximum(full_m, first_m),
+        tl.cdiv(n_queries, BLOCK_M) * BLOCK_M,
+        offs_n,
+        qk_scale,
+        n_queries,
+        BLOCK_M,
+        True,
+        CAUSAL,
+    )
+
+    # dS is the gradient of the scaled scores; the 1/sqrt(d) of S = Q K^T / sqrt(d) comes in here.
+    dk_ptr = tl.make_block_ptr(
+        DK + b * stride_kb,
+        (n_keys, HEAD_DIM),
+        (stride_kn, stride_kd),
+        (start_n, 0),
+        (BLOCK_N, HEAD_DIM),
+        (1, 0),
+    )
+    dv_ptr = tl.make_block_ptr(
+        DV + b * stride_vb,
+        (n_keys, HEAD_DIM),
+        (stride_vn, stride_vd),
+        (start_n, 0),
+        (BLOCK_N, HEAD_DIM),
+        (1, 0),
+    )
+    if EVEN_N:
+        tl.store(dk_ptr, (dk * sm_scale).to(DK.dtype.element_ty))
+        tl.store(dv_ptr, dv.to(DV.dtype.element_ty))
+    else:
+        tl.store(dk_ptr, (dk * sm_scale).to(DK.dtype.element_ty), boundary_check=(0,))
+        tl.store(dv_ptr, dv.to(DV.dtype.element_ty), boundary_check=(0,))
+
+
+@triton.jit
+def _dq_key_loop(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    kT_ptr,
+    vT_ptr,
+    start_n,
+    end_n,
+    offs_m,
+    qk_scale,
+    n_keys,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """Accumulate dQ of one query tile over key tiles [start_n, end_n)."""
+    kT_ptr = tl.advance(kT_ptr, (0, start_n))
+    vT_ptr = tl.advance(vT_ptr, (0, start_n))
+    for start in range(start_n, end_n, BLOCK_N):
+        if MASKED:
+            kT = tl.load(kT_ptr, boundary_check=(1,), padding_option="zero")
+            vT = tl.load(vT_ptr, boundary_check=(1,), padding_option="zero")
+        else:
+            kT = tl.load(kT_ptr)
+            vT = tl.load(vT_ptr)
+        p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse2[:, None])
+        if MASKED:
+            offs_n = start + tl.arange(0, BLOCK_N)
+            keep = offs_n[None, :] < n_keys
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, vT)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq)
+        kT_ptr = tl.advance(kT_ptr, (0, BLOCK_N))
+        vT_ptr = tl.advance(vT_ptr, (0, BLOCK_N))
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    L,
+    Delta,
+    DQ,
+    stride_qb,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    stride_dob,
+    stride_dom,
+    stride_dod,
+    n_queries,
+    n_keys,
+    qk_scale,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EVEN_M: tl.constexpr,
+):
+    num_m = tl.num_programs(0)
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = num_m - 1 - pid_m
+    b = tl.program_id(1).to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q_ptr = tl.make_block_ptr(
+        Q + b * stride_qb,
+        (n_queries, HEAD_DIM),
+        (stride_qm, stride_qd),
+        (start_m, 0),
+        (BLOCK_M, HEAD_DIM),
+        (1, 0),
+    )
+    do_ptr = tl.make_block_ptr(
+        DO + b * stride_dob,
+        (n_queries, HEAD_DIM),
+        (stride_dom, stride_dod),
+        (start_m, 0),
+        (BLOCK_M, HEAD_DIM),
+        (1, 0),
+    )
+    if EVEN_M:
+        q = tl.load(q_ptr)
+        do = tl.load(do_ptr)
+        lse2 = tl.load(L + b * n_queries + offs_m) * 1.4426950408889634
+        delta = tl.load(Delta + b * n_queries + offs_m)
+    else:
+        q = tl.load(q_ptr, boundary_check=(0,), padding_option="zero")
+        do = tl.load(do_ptr, boundary_check=(0,), padding_option="zero")
+        lse2 = tl.load(L + b * n_queries + offs_m, mask=offs_m < n_queries, other=0.0) * 1.4426950408889634
+        delta = tl.load(Delta + b * n_queries + offs_m, mask=offs_m < n_queries, other=0.0)
+    kT_ptr = tl.make_block_ptr(
+        K + b * stride_kb, (HEAD_DIM, n_keys), (stride_kd, stride_kn), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
+    )
+    vT_ptr = tl.make_block_ptr(
+        V + b * stride_vb, (HEAD_DIM, n_keys), (stride_vd, stride_vn), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
+    )
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        end_n = tl.minimum(n_keys, start_m + BLOCK_M)
+        full_n = tl.minimum(start_m, n_keys) // BLOCK_N * BLOCK_N
+    else:
+        end_n = n_keys
+        full_n = n_keys // BLOCK_N * BLOCK_N
+    dq = _dq_key_loop(
+        dq, q, do, lse2, delta, kT_ptr, vT_ptr, 0, full_n, offs_m, qk_scale, n_keys, BLOCK_N, False, CAUSAL
+    )
+    dq = _dq_key_loop(
+        dq, q, do, lse2, delta, kT_ptr, vT_ptr, full_n, end_n, offs_m, qk_scale, n_keys, BLOCK_N, True, CAUSAL
+    )
+    dq_ptr = tl.make_block_ptr(
+        DQ + b * stride_qb,
+        (n_queries, HEAD_DIM),
+        (stride_qm, stride_qd),
+        (start_m, 0),
+        (BLOCK_M, HEAD_DIM),
+        (1, 0),
+    )
+    if EVEN_M:
+        tl.store(dq_ptr, (dq * sm_scale).to(DQ.dtype.element_ty))
+    else:
+        tl.store(dq_ptr, (dq * sm_scale).to(DQ.dtype.element_ty), boundary_check=(0,))
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_triton_inputs(q, k, v) -> None:
+    check_inputs(q, k, v, dtypes=TRITON_DTYPES, head_dims=HEAD_DIMS, device_type="cuda" if ON_GPU else "cpu")
+
+
+def flash_forward(q, k, v, is_causal: bool, config: TileConfig | None = None):
+    """O (like q) and L (B, Nq) in fp32. ``config`` overrides the tile table (used by the tuner)."""
+    batch, n_q, head_dim = q.shape
+    n_k = k.shape[1]
+    cfg = config or tile_config("fwd", q.dtype, head_dim)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(batch, n_q, dtype=torch.float32, device=q.device)
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    grid = (triton.cdiv(n_q, cfg.block_m), batch)
+    _fwd_kernel[grid](
+        q,
+        k,
+        v,
+        o,
+        lse,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *o.stride(),
+        n_q,
+        n_k,
+        sm_scale * LOG2E,
+        HEAD_DIM=head_dim,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        CAUSAL=is_causal,
+        EVEN_M=n_q % cfg.block_m == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return o, lse
+
+
+def flash_backward(
+    q,
+    k,
+    v,
+    o,
+    lse,
+    grad_o,
+    is_causal: bool,
+    dq_config: TileConfig | None = None,
+    dkdv_config: TileConfig | None = None,
+):
+    """dQ, dK, dV from the saved O and L: Delta first, then the dK/dV and the dQ kernels."""
+    batch, n_q, head_dim = q.shape
+    n_k = k.shape[1]
+    dq_cfg = dq_config or tile_config("dq", q.dtype, head_dim)
+    dkdv_cfg = dkdv_config or tile_config("dkdv", q.dtype, head_dim)
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    delta = torch.empty_like(lse)
+    delta_rows = 64
+    _bwd_delta_kernel[(triton.cdiv(n_q, delta_rows), batch)](
+        o, grad_o, delta, *o.stride(), *grad_o.stride(), n_q, HEAD_DIM=head_dim, BLOCK_M=delta_rows
+    )
+    # dQ, dK, dV are written with Q's, K's and V's strides: make those the contiguous ones (a no-op
+    # for the usual contiguous inputs).
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    common_args = (
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *grad_o.stride(),
+        n_q,
+        n_k,
+        sm_scale * LOG2E,
+        sm_scale,
+    )
+    _bwd_dkdv_kernel[(triton.cdiv(n_k, dkdv_cfg.block_n), batch)](
+        q,
+        k,
+        v,
+        grad_o,
+        lse,
+        delta,
+        dk,
+        dv,
+        *common_args,
+        HEAD_DIM=head_dim,
+        BLOCK_M=dkdv_cfg.block_m,
+        BLOCK_N=dkdv_cfg.block_n,
+        CAUSAL=is_causal,
+        EVEN_N=n_k % dkdv_cfg.block_n == 0,
+        num_warps=dkdv_cfg.num_warps,
+        num_stages=dkdv_cfg.num_stages,
+    )
+    _bwd_dq_kernel[(triton.cdiv(n_q, dq_cfg.block_m), batch)](
+        q,
+        k,
+        v,
+        grad_o,
+        lse,
+        delta,
+        dq,
+        *common_args,
+        HEAD_DIM=head_dim,
+        BLOCK_M=dq_cfg.block_m,
+        BLOCK_N=dq_cfg.block_n,
+        CAUSAL=is_causal,
+        EVEN_M=n_q % dq_cfg.block_m == 0,
+        num_warps=dq_cfg.num_warps,
+        num_stages=dq_cfg.num_stages,
+    )
+    return dq, dk, dv
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """``FlashAttentionTriton.apply(q, k, v, is_causal=False)`` with q (B, Nq, D), k and v (B, Nk, D),
+    fp16 / bf16 / fp32 (fp32 dots run as TF32 on the tensor cores), D in 16, 32, 64, 128.
+
+    Saves Q, K, V, O and L (B, Nq) for a backward that runs in Triton too.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        _check_triton_inputs(q, k, v)
+        o, lse = flash_forward(q, k, v, bool(is_causal))
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal = bool(is_causal)
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o.contiguous(), ctx.is_causal)
+        return dq, dk, dv, None

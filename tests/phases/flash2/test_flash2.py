@@ -1,0 +1,213 @@
+"""FlashAttention-2, PyTorch and Triton: O, L and dQ/dK/dV against a float64 reference.
+
+CPU: the PyTorch version directly, the Triton kernels in the interpreter in fp32/fp16 (its tl.dot
+on bf16 is not trustworthy). GPU (`just test-gpu`): the compiled kernels in bf16 on block-crossing
+shapes. Outputs are poisoned with NaN before each run, so a tile the kernel never writes shows up.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+import common
+
+flash2 = importlib.import_module("phases.flash2")
+flash_triton = importlib.import_module("phases.flash2.flash_triton")
+
+TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+# (Nq, Nk): odd lengths, 1, and Nq != Nk both ways.
+LENGTHS = [(1, 1), (17, 17), (100, 100), (257, 257), (17, 100), (100, 17), (1, 33)]
+CPU_CASES = [(nq, nk, causal) for nq, nk in LENGTHS for causal in (False, True)]
+
+
+def make_inputs(batch, n_q, n_k, head_dim, dtype, device="cpu", seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    make = lambda n: torch.randn(batch, n, head_dim, generator=gen, device=device, dtype=dtype)
+    q, k, v = make(n_q), make(n_k), make(n_k)
+    grad_out = make(n_q)
+    return q, k, v, grad_out
+
+
+def reference_grads(q, k, v, grad_out, is_causal):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o, lse = flash2.reference_attention(q64, k64, v64, is_causal)
+    return o.detach(), lse, torch.autograd.grad(o, (q64, k64, v64), grad_out.double())
+
+
+def assert_close(name, got, want, tol):
+    assert torch.isfinite(got).all(), f"{name}: non-finite values"
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
+
+
+def check_function(fn, q, k, v, grad_out, is_causal, tol, saved_lse):
+    o_ref, lse_ref, grads_ref = reference_grads(q, k, v, grad_out, is_causal)
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = fn.apply(q, k, v, is_causal)
+    assert o.shape == q.shape and o.dtype == q.dtype
+    assert_close("O", o, o_ref, tol)
+    assert_close("L", saved_lse(o), lse_ref, tol)
+    grads = torch.autograd.grad(o, (q, k, v), grad_out)
+    for name, got, want, inp in zip(("dQ", "dK", "dV"), grads, grads_ref, (q, k, v), strict=True):
+        assert got.shape == inp.shape and got.dtype == inp.dtype
+        assert_close(name, got, want, tol)
+
+
+def lse_of(output):
+    """L as the forward saved it: the only saved tensor of shape (B, Nq)."""
+    saved = [t for t in output.grad_fn.saved_tensors if t.shape == output.shape[:2]]
+    assert len(saved) == 1, [tuple(t.shape) for t in output.grad_fn.saved_tensors]
+    return saved[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch version (CPU)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_q,n_k,causal", CPU_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pytorch_matches_reference(n_q, n_k, causal, dtype):
+    q, k, v, grad_out = make_inputs(2, n_q, n_k, 24, dtype, seed=n_q * 1000 + n_k)
+    check_function(flash2.FlashAttentionPyTorch, q, k, v, grad_out, causal, TOL[dtype], lse_of)
+
+
+def test_pytorch_gradcheck_float64():
+    q, k, v, _ = make_inputs(1, 19, 23, 8, torch.float64)
+    for causal in (False, True):
+        inputs = tuple(t.clone().requires_grad_() for t in (q, k, v))
+        assert torch.autograd.gradcheck(
+            lambda a, b, c, causal=causal: flash2.FlashAttentionPyTorch.apply(a, b, c, causal), inputs
+        )
+
+
+def test_pytorch_uses_tiles():
+    """The forward really is tiled: lengths below one tile and above several give the same answer."""
+    assert flash2.FlashAttentionPyTorch.Q_TILE >= 16 and flash2.FlashAttentionPyTorch.K_TILE >= 16
+    q, k, v, _ = make_inputs(1, 3 * flash2.FlashAttentionPyTorch.Q_TILE + 5, 70, 16, torch.float32)
+    o = flash2.FlashAttentionPyTorch.apply(q, k, v, True)
+    assert_close("O", o, flash2.reference_attention(q, k, v, True)[0], 1e-5)
+
+
+def test_naive_attention_matches_reference():
+    q, k, v, _ = make_inputs(2, 33, 47, 16, torch.float64)
+    mask = flash2.causal_mask(33, 47)
+    assert_close("naive", flash2.naive_attention(q, k, v), flash2.reference_attention(q, k, v)[0], 1e-9)
+    assert_close(
+        "naive causal",
+        flash2.naive_attention(q, k, v, mask),
+        flash2.reference_attention(q, k, v, True)[0],
+        1e-9,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton version: interpreter on the CPU (fp32, fp16), compiled on the GPU (bf16)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every tensor the Triton wrappers allocate starts as NaN, so an unwritten tile fails the test."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def nan_filled(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(flash_triton.torch, "empty", lambda *a, **kw: nan_filled(real_empty(*a, **kw)))
+    monkeypatch.setattr(
+        flash_triton.torch, "empty_like", lambda *a, **kw: nan_filled(real_empty_like(*a, **kw))
+    )
+
+
+INTERPRETER_CASES = [
+    (1, 1, True),
+    (17, 17, False),
+    (17, 17, True),
+    (100, 37, True),
+    (37, 100, False),
+    (37, 100, True),
+    (100, 100, True),
+]
+
+
+@pytest.mark.skipif(common.ON_GPU, reason="interpreter test (the GPU runs the bf16 ones)")
+@pytest.mark.parametrize("n_q,n_k,causal", INTERPRETER_CASES)
+@pytest.mark.parametrize("dtype,head_dim", [(torch.float32, 16), (torch.float16, 32)])
+def test_triton_interpreter_matches_reference(n_q, n_k, causal, dtype, head_dim, poisoned):
+    q, k, v, grad_out = make_inputs(2, n_q, n_k, head_dim, dtype, seed=n_q + 7 * n_k)
+    check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, causal, TOL[dtype], lse_of)
+
+
+@pytest.mark.skipif(common.ON_GPU, reason="interpreter test")
+def test_triton_interpreter_257_and_strided(poisoned):
+    """The longest odd length, with q, k, v non-contiguous views (as a fused QKV projection gives)."""
+    qkv = torch.randn(1, 257, 3, 16)
+    q, k, v = qkv.unbind(2)
+    grad_out = torch.randn(1, 257, 16)
+    check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, True, TOL[torch.float32], lse_of)
+
+
+GPU_CASES = [
+    (1, 1, True),
+    (17, 17, True),
+    (257, 257, False),
+    (257, 257, True),
+    (100, 1000, True),
+    (1000, 100, True),
+    (4096, 4096, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_q,n_k,causal", GPU_CASES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_triton_gpu_bf16(n_q, n_k, causal, head_dim, poisoned):
+    q, k, v, grad_out = make_inputs(2, n_q, n_k, head_dim, torch.bfloat16, device="cuda", seed=n_q + n_k)
+    check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, causal, TOL[torch.bfloat16], lse_of)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,head_dim", [(torch.float16, 16), (torch.float32, 32), (torch.float32, 128)])
+def test_triton_gpu_other_dtypes(dtype, head_dim, poisoned):
+    q, k, v, grad_out = make_inputs(3, 300, 211, head_dim, dtype, device="cuda")
+    check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, True, 1e-2, lse_of)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input
+# ----------------------------------------------------------------------------------------------
+
+BAD_INPUTS = [
+    ("4-D q", lambda q, k, v: (q[:, None], k, v), "q: expected a 3-D tensor"),
+    ("batch", lambda q, k, v: (q, k[:1], v[:1]), "batch sizes"),
+    ("head dim", lambda q, k, v: (q, k[..., :8], v[..., :8]), "head dims"),
+    ("k vs v length", lambda q, k, v: (q, k, v[:, :5]), "v: sequence length"),
+    ("dtype", lambda q, k, v: (q, k.double(), v), "k: dtype"),
+    ("empty", lambda q, k, v: (q[:, :0], k, v), "q: sequence length"),
+]
+
+
+@pytest.mark.parametrize("fn", ["FlashAttentionPyTorch", "FlashAttentionTriton"])
+@pytest.mark.parametrize("what,mutate,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_raises(fn, what, mutate, message):
+    q, k, v, _ = make_inputs(2, 9, 9, 16, torch.float32, device=common.DEVICE.type)
+    with pytest.raises(ValueError, match=message):
+        getattr(flash2, fn).apply(*mutate(q, k, v), False)
+
+
+def test_triton_rejects_unsupported_head_dim_and_dtype():
+    q, k, v, _ = make_inputs(1, 9, 9, 24, torch.float32, device=common.DEVICE.type)
+    with pytest.raises(ValueError, match="q: head dim 24 is not supported"):
+        flash2.FlashAttentionTriton.apply(q, k, v)
+    q, k, v, _ = make_inputs(1, 9, 9, 16, torch.float64, device=common.DEVICE.type)
+    with pytest.raises(ValueError, match="q: dtype torch.float64 is not supported"):
+        flash2.FlashAttentionTriton.apply(q, k, v)
+
+
+def test_flops_count_attended_pairs():
+    assert flash2.attention_flops(1, 4, 4, 8, False, "fwd") == 4 * 16 * 8
+    assert flash2.attention_flops(1, 4, 4, 8, True, "fwd") == 4 * 10 * 8  # 1 + 2 + 3 + 4 pairs
+    assert flash2.attention_flops(1, 6, 4, 8, True, "fwd") == 4 * (10 + 2 * 4) * 8
+    assert flash2.attention_flops(2, 4, 4, 8, True, "fwd+bwd") == 3.5 * 2 * 4 * 10 * 8
