@@ -1,0 +1,363 @@
+"""The forward kernel: rectangular attention with an online softmax, one program per query block.
+
+A program owns BLOCK_M query rows of one (batch, head). It keeps its Q tile in registers and
+streams K and V past it in BLOCK_N-row tiles, keeping per row the running maximum ``m`` and the
+running sum ``l`` of exponentials (both in the base-2 domain), so the Lq x Lk score matrix never
+touches memory. The softmax scale and log2(e) are folded into one multiply so every exponential
+is an ``exp2``. Only the last K tile can be partial: the loop over full tiles runs unmasked, and
+the tail tile -- if Lk is not a multiple of BLOCK_N -- runs once more with its columns masked.
+
+Two ways to load tiles, chosen by measurement (README): block pointers (``tl.make_block_ptr``,
+any strides) and tensor descriptors (``tl.make_tensor_descriptor``, Hopper's TMA copy engine;
+needs unit stride along D and 16-byte aligned rows). Both also run in the interpreter.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from common import ON_GPU
+
+LOG2E = math.log2(math.e)
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+IMPLS = ("tma", "blockptr")
+
+
+# --- input checks, shared by the backward phases ----------------------------------------------
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> float:
+    """Raise ``ValueError`` naming the argument at fault; return the softmax scale to use."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected 4 dimensions (B, H, L, D), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{name}: unsupported dtype {t.dtype}; expected bfloat16, float16 or float32")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}, but q is on {q.device}; all must share one device")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
+    if q.device.type != ("cuda" if ON_GPU else "cpu"):
+        raise ValueError(f"q: on {q.device}, but the kernels run on {'cuda' if ON_GPU else 'cpu'} here")
+    B, H, Lq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"k, v: batch {k.shape[0]}, {v.shape[0]} must equal q's batch {B}")
+    if k.shape[1] != H or v.shape[1] != H:
+        raise ValueError(f"k, v: heads {k.shape[1]}, {v.shape[1]} must equal q's heads {H}")
+    if k.shape[3] != D or v.shape[3] != D:
+        raise ValueError(f"k, v: head dim {k.shape[3]}, {v.shape[3]} must equal q's head dim {D}")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"q: unsupported head dim D={D}; expected one of {HEAD_DIMS}")
+    if v.shape[2] != k.shape[2]:
+        raise ValueError(f"v: {v.shape[2]} keys, but k has {k.shape[2]}; they must match")
+    if Lq < 1 or k.shape[2] < 1 or B < 1 or H < 1:
+        raise ValueError(f"q, k: every dimension must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: must be a positive finite number, got {scale}")
+    return scale
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Tensor descriptors need unit stride along D and 16-byte aligned bases and row strides."""
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(3) != 1 or t.data_ptr() % 16:
+            return False
+        if any((t.stride(i) * size) % 16 for i in range(3)):
+            return False
+    return True
+
+
+def shape_bucket(n: int) -> int:
+    """Autotuning is keyed on powers of 4, so nearby lengths share one tuned config."""
+    return 4 ** max(math.ceil(math.log(max(n, 1), 4)), 0)
+
+
+# --- the kernel -------------------------------------------------------------------------------
+
+
+@triton.jit
+def _softmax_step(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_t,
+    v,
+    qk_scale,
+    col_start,
+    Lk,
+    MASK_COLS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Fold one K/V tile into the running (acc, m, l) of a query block; k_t is K transposed."""
+    s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+    if MASK_COLS:  # only the tail tile: keys past Lk get no weight
+        cols = col_start + tl.arange(0, BLOCK_N)
+        s = tl.where((cols < Lk)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_ql,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kl,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vl,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_ol,
+    stride_od,
+    H,
+    Lq,
+    Lk,
+    LQ_BUCKET,
+    LK_BUCKET,  # autotuning keys only
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_BH: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # Program order: tl.swizzle2d groups GROUP_BH heads per column of query blocks, so the
+    # programs resident at one time share few K/V streams in L2.
+    n_m = tl.cdiv(Lq, BLOCK_M)
+    n_bh = tl.num_programs(0) // n_m
+    pid = tl.program_id(0)
+    pid_bh, pid_m = tl.swizzle2d(pid // n_m, pid % n_m, n_bh, n_m, GROUP_BH)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    q_base = Q + b * stride_qb + h * stride_qh
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    o_base = O + b * stride_ob + h * stride_oh
+    row_start = pid_m * BLOCK_M
+
+    if USE_TMA:
+        q_desc = tl.make_tensor_descriptor(q_base, [Lq, HEAD_DIM], [stride_ql, 1], [BLOCK_M, HEAD_DIM])
+        k_desc = tl.make_tensor_descriptor(k_base, [Lk, HEAD_DIM], [stride_kl, 1], [BLOCK_N, HEAD_DIM])
+        v_desc = tl.make_tensor_descriptor(v_base, [Lk, HEAD_DIM], [stride_vl, 1], [BLOCK_N, HEAD_DIM])
+        q = q_desc.load([row_start, 0])
+    else:
+        q_ptr = tl.make_block_ptr(
+            q_base, (Lq, HEAD_DIM), (stride_ql, stride_qd), (row_start, 0), (BLOCK_M, HEAD_DIM), (1, 0)
+        )
+        # K is read transposed, (D, Lk), so the score tile is a plain Q @ K^T dot.
+        kt_ptr = tl.make_block_ptr(
+            k_base, (HEAD_DIM, Lk), (stride_kd, stride_kl), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
+        )
+        v_ptr = tl.make_block_ptr(
+            v_base, (Lk, HEAD_DIM), (stride_vl, stride_vd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0)
+        )
+        q = tl.load(q_ptr, boundary_check=(0,))
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    # Steady state: full K tiles, no masks, no boundary checks.
+    n_full = Lk // BLOCK_N
+    for j in range(n_full):
+        if USE_TMA:
+            k_t = tl.trans(k_desc.load([j * BLOCK_N, 0]))
+            v = v_desc.load([j * BLOCK_N, 0])
+        else:
+            k_t = tl.load(kt_ptr)
+            v = tl.load(v_ptr)
+            kt_ptr = tl.advance(kt_ptr, (0, BLOCK_N))
+            v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+        acc, m_i, l_i = _softmax_step(
+            acc, m_i, l_i, q, k_t, v, qk_scale, j * BLOCK_N, Lk, False, BLOCK_N, DOT_PRECISION
+        )
+    # The tail: the one partial K tile, its missing rows read as zeros and masked to -inf.
+    if n_full * BLOCK_N < Lk:
+        if USE_TMA:
+            k_t = tl.trans(k_desc.load([n_full * BLOCK_N, 0]))
+            v = v_desc.load([n_full * BLOCK_N, 0])
+        else:
+            k_t = tl.load(kt_ptr, boundary_check=(1,))
+            v = tl.load(v_ptr, boundary_check=(0,))
+        acc, m_i, l_i = _softmax_step(
+            acc, m_i, l_i, q, k_t, v, qk_scale, n_full * BLOCK_N, Lk, True, BLOCK_N, DOT_PRECISION
+        )
+
+    acc = acc / l_i[:, None]
+    # lse in natural log of the *scaled* scores: m and l live in base 2 (scores times log2 e).
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    rows = row_start + tl.arange(0, BLOCK_M)
+    tl.store(LSE + pid_bh.to(tl.int64) * Lq + rows, lse, mask=rows < Lq)
+    if USE_TMA:
+        o_desc = tl.make_tensor_descriptor(o_base, [Lq, HEAD_DIM], [stride_ol, 1], [BLOCK_M, HEAD_DIM])
+        o_desc.store([row_start, 0], acc.to(O.dtype.element_ty))
+    else:
+        o_ptr = tl.make_block_ptr(
+            o_base, (Lq, HEAD_DIM), (stride_ol, stride_od), (row_start, 0), (BLOCK_M, HEAD_DIM), (1, 0)
+        )
+        tl.store(o_ptr, acc.to(O.dtype.element_ty), boundary_check=(0,))
+
+
+# --- autotuning: the search space, and the one fixed config of the interpreter -----------------
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); the search space phase 11 starts from.
+FWD_SEARCH_SPACE = [
+    (128, 64, 4, 3),
+    (128, 64, 4, 4),
+    (128, 128, 8, 2),
+    (128, 128, 8, 3),
+    (128, 64, 8, 3),
+    (64, 64, 4, 3),
+]
+INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "GROUP_BH": 1}
+
+
+def configs(space, **fixed) -> list:
+    """triton.Configs from (BLOCK_M, BLOCK_N, num_warps, num_stages) tuples."""
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, **fixed}, num_warps=w, num_stages=s)
+        for bm, bn, w, s in space
+    ]
+
+
+def _quick_bench(kernel_call, quantiles):
+    # Each candidate gets a short timing: at the large shape one call takes ~0.2 s.
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+def autotuned(kernel, space, prune, key=("LQ_BUCKET", "LK_BUCKET", "HEAD_DIM"), **fixed):
+    """``kernel`` autotuned over ``space``, keyed on the shape buckets (and, implicitly, dtypes)."""
+    return triton.autotune(
+        configs(space, **fixed),
+        key=list(key),
+        prune_configs_by={"early_config_prune": prune},
+        do_bench=_quick_bench,
+    )(kernel)
+
+
+def _prune(configs, named_args, **kwargs):
+    # Configs whose tiles dwarf the problem waste the search; fp32 and D=128 need smaller tiles.
+    lk, d = named_args["Lk"], kwargs.get("HEAD_DIM", 64)
+    big = named_args["Q"].element_size() * d > 256
+    kept = [
+        c
+        for c in configs
+        if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(lk))
+        and not (big and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 128 * 64)
+    ]
+    return kept or configs[-1:]
+
+
+_fwd_autotuned = autotuned(
+    _attn_fwd_kernel,
+    FWD_SEARCH_SPACE,
+    _prune,
+    key=("LQ_BUCKET", "LK_BUCKET", "HEAD_DIM", "USE_TMA"),
+    GROUP_BH=1,
+)
+
+
+def _tma_allocator(size: int, alignment: int, stream):
+    # Scratch for tensor descriptors created on the device.
+    return torch.empty(size, dtype=torch.int8, device="cuda" if ON_GPU else "cpu")
+
+
+triton.set_allocator(_tma_allocator)
+
+
+def chosen_config(kernel, interpreter_config: dict = INTERPRETER_CONFIG) -> str:
+    """The autotuner's pick for the most recent launch, as a compact string for CSV rows."""
+    cfg = getattr(kernel, "best_config", None)
+    if cfg is None:
+        return "interpreter:" + ",".join(f"{k}={v}" for k, v in interpreter_config.items())
+    kw = cfg.kwargs
+    return f"BLOCK_M={kw['BLOCK_M']},BLOCK_N={kw['BLOCK_N']},warps={cfg.num_warps},stages={cfg.num_stages}"
+
+
+def last_forward_config() -> str:
+    return chosen_config(_fwd_autotuned if ON_GPU else None)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get exact fp32 dots (no TF32 rounding); 16-bit inputs ignore this."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def strides4(t: torch.Tensor) -> tuple:
+    return tuple(t.stride())
+
+
+# --- the entry point ---------------------------------------------------------------------------
+
+DEFAULT_IMPL = "tma"
+
+
+def attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, *, impl: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scale · q kᵀ) v and the natural-log logsumexp of each query row.
+
+    q (B, H, Lq, D); k, v (B, H, Lk, D); any strides. Returns ``o`` (B, H, Lq, D) in q's dtype --
+    a view of a (B, Lq, H, D) buffer, so the usual ``o.transpose(1, 2).reshape(B, Lq, H*D)`` is
+    free -- and ``lse`` float32 (B, H, Lq). ``impl`` picks the loads ("tma" or "blockptr");
+    the default is the faster on an H100, falling back to block pointers where TMA cannot go.
+    """
+    scale = check_inputs(q, k, v, scale)
+    impl = impl or DEFAULT_IMPL
+    if impl not in IMPLS:
+        raise ValueError(f"impl: unknown {impl!r}; expected one of {IMPLS}")
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    o = torch.empty((B, Lq, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
+    use_tma = impl == "tma" and tma_ok(q, k, v, o)
+    args = (
+        q,
+        k,
+        v,
+        o,
+        lse,
+        scale * LOG2E,
+        *strides4(q),
+        *strides4(k),
+        *strides4(v),
+        *strides4(o),
+        H,
+        Lq,
+        Lk,
+        shape_bucket(Lq),
+        shape_bucket(Lk),
+    )
+    meta = {"HEAD_DIM": D, "USE_TMA": use_tma, "DOT_PRECISION": dot_precision(q.dtype)}
+    if ON_GPU:
+        grid = lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,)
+        _fwd_autotuned[grid](*args, **meta)
+    else:
+        grid = (triton.cdiv(Lq, INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
+        _attn_fwd_kernel[grid](*args, **meta, **INTERPRETER_CONFIG)
+    return o, lse

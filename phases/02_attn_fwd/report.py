@@ -1,0 +1,124 @@
+"""Renders reports/02_attn_fwd.md; phases 03 and 04 reuse ``render_attention`` with their own goals."""
+
+import pandas as pd
+
+from common.report import Figures, add_speedup, failures_table, markdown_table, select_latest
+
+KEYS = ["variant", "shape", "mode"]
+TNP_SHAPES = ["small", "mid", "large", "tiny"]
+
+
+def _speedups(df: pd.DataFrame) -> pd.DataFrame:
+    for base in ("sdpa-cudnn", "sdpa-flash"):
+        df = add_speedup(df, ["shape", "mode"], base, "ms", f"x_vs_{base.split('-')[1]}")
+    return df
+
+
+def goals_table(df: pd.DataFrame, goals: list[tuple[str, str, str, float]]) -> str:
+    """goals: (variant, shape, baseline, required speedup) -> one line each, met or missed by how much."""
+    lines = ["| goal | measured | verdict |", "|---|---|---|"]
+    for variant, shape, baseline, need in goals:
+        col = f"x_vs_{baseline.split('-')[1]}"
+        row = df.loc[(df["variant"] == variant) & (df["shape"] == shape) & (df["status"] == "ok")]
+        if row.empty or pd.isna(row[col].iloc[0]):
+            lines.append(f"| {variant} ≥ {need:.2f}× {baseline} at {shape} | not measured | — |")
+            continue
+        got = float(row[col].iloc[0])
+        verdict = "met" if got >= need else f"missed by {100 * (1 - got / need):.0f}%"
+        lines.append(f"| {variant} ≥ {need:.2f}× {baseline} at {shape} | {got:.2f}× | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_attention(df: pd.DataFrame, fig: Figures, *, title: str, goals) -> str:
+    df = _speedups(select_latest(df, KEYS))
+    ok = df.loc[df["status"] == "ok"]
+    cols = [
+        c
+        for c in [
+            "variant",
+            "shape",
+            "mode",
+            "batch",
+            "lq",
+            "lk",
+            "ms",
+            "tflops",
+            "x_vs_cudnn",
+            "x_vs_flash",
+            "peak_mem_gb",
+            "err_o",
+            "config",
+        ]
+        if c in df
+    ]
+    parts = [
+        f"## {title}: TransformerNP shapes (H = 8, D = 64, bf16)\n",
+        "TFLOP/s count the forward as 4·B·H·Lq·Lk·D and the backward as 2.5× that; `x_vs_*` is "
+        "the SDPA backend's time over this row's, measured in the same run. `err_o` is the max "
+        "abs error of the output against SDPA cuDNN, checked before timing; peak memory includes "
+        "the inputs.\n",
+        markdown_table(ok.loc[ok["shape"].isin(TNP_SHAPES)].sort_values(["shape", "ms"]), cols),
+    ]
+    parts += ["\n### Goals\n", goals_table(df, goals)]
+    sweep = ok.loc[ok["shape"].str.startswith("sweep")]
+    if not sweep.empty:
+        parts += [
+            "\n## Sweep over Lk (Lq = 1.1·Lk, H = 8, B·H·Lq ≈ 1.76 M query rows)\n",
+            fig.line_plot(
+                sweep,
+                x="lk",
+                y="tflops",
+                series="variant",
+                name="sweep_tflops",
+                title=f"{title}: TFLOP/s against Lk",
+                xlabel="Lk (keys)",
+                ylabel="TFLOP/s",
+                logx=True,
+            ),
+            markdown_table(
+                sweep.sort_values(["lk", "variant"]),
+                [
+                    c
+                    for c in [
+                        "variant",
+                        "batch",
+                        "lq",
+                        "lk",
+                        "ms",
+                        "tflops",
+                        "x_vs_cudnn",
+                        "x_vs_flash",
+                        "peak_mem_gb",
+                    ]
+                    if c in sweep
+                ],
+            ),
+        ]
+    configs = ok.loc[
+        ok["variant"].str.startswith("triton"),
+        [
+            c
+            for c in [
+                "variant",
+                "shape",
+                "config",
+                "dkdv_config",
+                "dq_config",
+                "fused_config",
+                "n_regs",
+                "n_spills",
+            ]
+            if c in ok
+        ],
+    ]
+    if not configs.empty:
+        parts += [
+            "\n## Autotuned configs chosen per shape (search spaces in the phase README)\n",
+            markdown_table(configs.drop_duplicates()),
+        ]
+    return "\n".join(parts) + failures_table(df)
+
+
+def render(df: pd.DataFrame, fig: Figures) -> str:
+    goals = [("triton-tma", "mid", "sdpa-cudnn", 1.1), ("triton-tma", "large", "sdpa-cudnn", 1.1)]
+    return render_attention(df, fig, title="Forward", goals=goals)

@@ -1,0 +1,604 @@
+"""The two-pass backward: Delta, then dK/dV by key block, then dQ by query block.
+
+With S = scale·QKᵀ, P = softmax(S) and the forward's logsumexp saved, P is recomputed tile by
+tile as exp(S − lse) instead of being stored. The gradients are
+
+    dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − Δ)  with  Δ = rowsum(dO ∘ O),
+    dK = scale · dSᵀ Q,   dQ = scale · dS K.
+
+Four launches, no atomics, so every run gives the same bits:
+  1. ``_delta_kernel``: Δ per query row (one read of O and dO).
+  2. ``_dkdv_kernel``: a program owns one K/V block and loops over the query blocks of one
+     *chunk* of rows, accumulating its dK and dV in registers. When few (batch, head, key block)
+     programs exist -- short K, one head -- the query rows are split into chunks so the GPU's
+     132 SMs all get work; each chunk then writes an fp32 partial ...
+  3. ``_reduce_chunks_kernel``: ... which this sums in a fixed order (skipped with one chunk).
+  4. ``_dq_kernel``: a program owns one query block and loops over every K/V block.
+
+The tile functions ``dkdv_tile`` and ``dq_tile`` are shared with phase 04's fused kernel.
+"""
+
+import importlib
+
+import torch
+import triton
+import triton.language as tl
+
+from common import ON_GPU
+
+fwd = importlib.import_module("phases.02_attn_fwd")
+
+SM_TARGET = 264  # programs to aim for: two waves of an H100's 132 SMs
+CHUNK_ALIGN = 128  # query chunks are whole multiples of every BLOCK_M in the search spaces
+
+
+# --- tile maths, shared with phase 04 ----------------------------------------------------------
+
+
+@triton.jit
+def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION: tl.constexpr):
+    """Add one query tile's share to a key block's dK (unscaled) and dV, working transposed.
+
+    lse2 is the logsumexp in base 2 (``lse·log2 e``); rows of padding carry lse2 = +inf, so
+    their recomputed probabilities are exactly zero.
+    """
+    p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
+    dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def dq_tile(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    k,
+    v,
+    qk_scale,
+    col_start,
+    Lk,
+    MASK_COLS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Add one key tile's share to a query block's dQ (unscaled); only the tail tile is masked."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse2[:, None]
+    if MASK_COLS:
+        cols = col_start + tl.arange(0, BLOCK_N)
+        s = tl.where((cols < Lk)[None, :], s, float("-inf"))
+    p = tl.math.exp2(s)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def load_rows(
+    base,
+    stride_l,
+    stride_d,
+    row_start,
+    Lq,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CHECK: tl.constexpr,
+):
+    """A (BLOCK_M, HEAD_DIM) tile of a (B, H, L, D) tensor's head; rows past Lq read as zeros."""
+    ptr = tl.make_block_ptr(
+        base, (Lq, HEAD_DIM), (stride_l, stride_d), (row_start, 0), (BLOCK_M, HEAD_DIM), (1, 0)
+    )
+    if CHECK:
+        return tl.load(ptr, boundary_check=(0,), padding_option="zero")
+    return tl.load(ptr)
+
+
+@triton.jit
+def load_row_stats(LSE, DELTA, bh_offset, row_start, Lq, BLOCK_M: tl.constexpr, CHECK: tl.constexpr):
+    """lse in base 2 and Δ for a query tile; padding rows get lse2 = +inf (so P = 0) and Δ = 0."""
+    rows = row_start + tl.arange(0, BLOCK_M)
+    if CHECK:
+        lse = tl.load(LSE + bh_offset + rows, mask=rows < Lq, other=float("inf"))
+        delta = tl.load(DELTA + bh_offset + rows, mask=rows < Lq, other=0.0)
+    else:
+        lse = tl.load(LSE + bh_offset + rows)
+        delta = tl.load(DELTA + bh_offset + rows)
+    return lse * 1.4426950408889634, delta
+
+
+# --- 1. Δ = rowsum(dO ∘ O) ---------------------------------------------------------------------
+
+
+@triton.jit
+def row_delta(o, do):
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+
+
+@triton.jit
+def _delta_kernel(
+    O,
+    DO,
+    DELTA,
+    stride_ob,
+    stride_oh,
+    stride_ol,
+    stride_od,
+    stride_gb,
+    stride_gh,
+    stride_gl,
+    stride_gd,
+    H,
+    Lq,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    o = load_rows(
+        O + b * stride_ob + h * stride_oh, stride_ol, stride_od, pid_m * BLOCK_M, Lq, BLOCK_M, HEAD_DIM, True
+    )
+    do = load_rows(
+        DO + b * stride_gb + h * stride_gh, stride_gl, stride_gd, pid_m * BLOCK_M, Lq, BLOCK_M, HEAD_DIM, True
+    )
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(DELTA + pid_bh.to(tl.int64) * Lq + rows, row_delta(o, do), mask=rows < Lq)
+
+
+# --- 2. dK, dV: a program per (key block, query chunk, batch·head) -----------------------------
+
+
+@triton.jit
+def _dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    scale,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_ql,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kl,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vl,
+    stride_vd,
+    stride_gb,
+    stride_gh,
+    stride_gl,
+    stride_gd,
+    stride_dkc,
+    stride_dkb,
+    stride_dkh,
+    stride_dkl,
+    stride_dkd,  # DK and DV share a layout
+    H,
+    Lq,
+    Lk,
+    q_chunk,
+    LQ_BUCKET,
+    LK_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_n, pid_c, pid_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    col_start = pid_n * BLOCK_N
+    k = load_rows(
+        K + b * stride_kb + h * stride_kh, stride_kl, stride_kd, col_start, Lk, BLOCK_N, HEAD_DIM, True
+    )
+    v = load_rows(
+        V + b * stride_vb + h * stride_vh, stride_vl, stride_vd, col_start, Lk, BLOCK_N, HEAD_DIM, True
+    )
+    q_base = Q + b * stride_qb + h * stride_qh
+    do_base = DO + b * stride_gb + h * stride_gh
+    bh_offset = pid_bh.to(tl.int64) * Lq
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+
+    row_begin = pid_c * q_chunk
+    row_end = tl.minimum(row_begin + q_chunk, Lq)
+    full_end = row_begin + (row_end - row_begin) // BLOCK_M * BLOCK_M
+    for row in range(row_begin, full_end, BLOCK_M):  # full query tiles: no checks
+        q = load_rows(q_base, stride_ql, stride_qd, row, Lq, BLOCK_M, HEAD_DIM, False)
+        do = load_rows(do_base, stride_gl, stride_gd, row, Lq, BLOCK_M, HEAD_DIM, False)
+        lse2, delta = load_row_stats(LSE, DELTA, bh_offset, row, Lq, BLOCK_M, False)
+        dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
+    if full_end < row_end:  # the partial last query tile of the last chunk
+        q = load_rows(q_base, stride_ql, stride_qd, full_end, Lq, BLOCK_M, HEAD_DIM, True)
+        do = load_rows(do_base, stride_gl, stride_gd, full_end, Lq, BLOCK_M, HEAD_DIM, True)
+        lse2, delta = load_row_stats(LSE, DELTA, bh_offset, full_end, Lq, BLOCK_M, True)
+        dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
+
+    store_key_block(
+        DK,
+        DV,
+        dk * scale,
+        dv,
+        pid_c,
+        b,
+        h,
+        col_start,
+        Lk,
+        stride_dkc,
+        stride_dkb,
+        stride_dkh,
+        stride_dkl,
+        stride_dkd,
+        BLOCK_N,
+        HEAD_DIM,
+    )
+
+
+@triton.jit
+def store_key_block(
+    DK,
+    DV,
+    dk,
+    dv,
+    chunk,
+    b,
+    h,
+    col_start,
+    Lk,
+    stride_c,
+    stride_b,
+    stride_h,
+    stride_l,
+    stride_d,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """Write a key block's dK, dV: into the gradients, or into chunk ``chunk`` of the partials."""
+    offset = chunk.to(tl.int64) * stride_c + b * stride_b + h * stride_h
+    dk_ptr = tl.make_block_ptr(
+        DK + offset, (Lk, HEAD_DIM), (stride_l, stride_d), (col_start, 0), (BLOCK_N, HEAD_DIM), (1, 0)
+    )
+    tl.store(dk_ptr, dk.to(DK.dtype.element_ty), boundary_check=(0,))
+    dv_ptr = tl.make_block_ptr(
+        DV + offset, (Lk, HEAD_DIM), (stride_l, stride_d), (col_start, 0), (BLOCK_N, HEAD_DIM), (1, 0)
+    )
+    tl.store(dv_ptr, dv.to(DV.dtype.element_ty), boundary_check=(0,))
+
+
+# --- 3. the chunks' partials, summed in a fixed order ------------------------------------------
+
+
+@triton.jit
+def _reduce_chunks_kernel(
+    P,
+    OUT,
+    n_chunks,
+    n_rows,
+    H,
+    Lk,
+    stride_oc,
+    stride_ob,
+    stride_oh,
+    stride_ol,
+    HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # P is contiguous (n_chunks, 2, B, H, Lk, D) fp32 -- dK then dV -- and OUT (2, ...) are the
+    # gradients, addressed through their strides (OUT's first stride jumps from dK to dV).
+    pid = tl.program_id(0)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)  # rows of the flattened (2, B, H, Lk)
+    cols = tl.arange(0, HEAD_DIM)
+    mask = (rows < n_rows)[:, None]
+    acc = tl.zeros([BLOCK, HEAD_DIM], tl.float32)
+    ptr = P + rows.to(tl.int64)[:, None] * HEAD_DIM + cols[None, :]
+    for _ in range(n_chunks):
+        acc += tl.load(ptr, mask=mask, other=0.0)
+        ptr += n_rows * HEAD_DIM
+    which = rows // (n_rows // 2)
+    r = rows % (n_rows // 2)
+    l = (r % Lk).to(tl.int64)
+    bh = r // Lk
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+    out = OUT + which.to(tl.int64) * stride_oc + b * stride_ob + h * stride_oh + l * stride_ol
+    tl.store(out[:, None] + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+
+
+# --- 4. dQ: a program per (query block, batch·head) --------------------------------------------
+
+
+@triton.jit
+def _dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    scale,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_ql,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kl,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vl,
+    stride_vd,
+    stride_gb,
+    stride_gh,
+    stride_gl,
+    stride_gd,
+    stride_db,
+    stride_dh,
+    stride_dl,
+    stride_dd,
+    H,
+    Lq,
+    Lk,
+    LQ_BUCKET,
+    LK_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    row_start = pid_m * BLOCK_M
+    q = load_rows(
+        Q + b * stride_qb + h * stride_qh, stride_ql, stride_qd, row_start, Lq, BLOCK_M, HEAD_DIM, True
+    )
+    do = load_rows(
+        DO + b * stride_gb + h * stride_gh, stride_gl, stride_gd, row_start, Lq, BLOCK_M, HEAD_DIM, True
+    )
+    lse2, delta = load_row_stats(LSE, DELTA, pid_bh.to(tl.int64) * Lq, row_start, Lq, BLOCK_M, True)
+    dq = dq_row_block(
+        q,
+        do,
+        lse2,
+        delta,
+        K + b * stride_kb + h * stride_kh,
+        V + b * stride_vb + h * stride_vh,
+        stride_kl,
+        stride_kd,
+        stride_vl,
+        stride_vd,
+        Lk,
+        qk_scale,
+        BLOCK_M,
+        BLOCK_N,
+        HEAD_DIM,
+        DOT_PRECISION,
+    )
+    dq_ptr = tl.make_block_ptr(
+        DQ + b * stride_db + h * stride_dh,
+        (Lq, HEAD_DIM),
+        (stride_dl, stride_dd),
+        (row_start, 0),
+        (BLOCK_M, HEAD_DIM),
+        (1, 0),
+    )
+    tl.store(dq_ptr, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0,))
+
+
+@triton.jit
+def dq_row_block(
+    q,
+    do,
+    lse2,
+    delta,
+    k_base,
+    v_base,
+    stride_kl,
+    stride_kd,
+    stride_vl,
+    stride_vd,
+    Lk,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """A query block's dQ (unscaled) over every key block: full tiles unmasked, then the tail."""
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    n_full = Lk // BLOCK_N
+    for j in range(n_full):
+        k = load_rows(k_base, stride_kl, stride_kd, j * BLOCK_N, Lk, BLOCK_N, HEAD_DIM, False)
+        v = load_rows(v_base, stride_vl, stride_vd, j * BLOCK_N, Lk, BLOCK_N, HEAD_DIM, False)
+        dq = dq_tile(dq, q, do, lse2, delta, k, v, qk_scale, j * BLOCK_N, Lk, False, BLOCK_N, DOT_PRECISION)
+    if n_full * BLOCK_N < Lk:
+        k = load_rows(k_base, stride_kl, stride_kd, n_full * BLOCK_N, Lk, BLOCK_N, HEAD_DIM, True)
+        v = load_rows(v_base, stride_vl, stride_vd, n_full * BLOCK_N, Lk, BLOCK_N, HEAD_DIM, True)
+        dq = dq_tile(
+            dq, q, do, lse2, delta, k, v, qk_scale, n_full * BLOCK_N, Lk, True, BLOCK_N, DOT_PRECISION
+        )
+    return dq
+
+
+# --- autotuning --------------------------------------------------------------------------------
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) for each kernel: the search spaces phase 11 starts from.
+DKDV_SEARCH_SPACE = [(64, 128, 8, 3), (64, 128, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)]
+DQ_SEARCH_SPACE = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)]
+INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16}
+
+
+def prune_wide(configs, named_args, **kwargs):
+    # fp32 or D=128 tiles of 128 x 128 overflow shared memory and registers.
+    big = named_args["Q"].element_size() * kwargs.get("HEAD_DIM", 64) > 256
+    kept = [c for c in configs if not (big and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)]
+    return kept or configs[-1:]
+
+
+_dkdv_autotuned = fwd.autotuned(_dkdv_kernel, DKDV_SEARCH_SPACE, prune_wide)
+_dq_autotuned = fwd.autotuned(_dq_kernel, DQ_SEARCH_SPACE, prune_wide)
+
+
+def last_backward_configs() -> dict:
+    if not ON_GPU:
+        fixed = fwd.chosen_config(None, INTERPRETER_CONFIG)
+        return {"dkdv_config": fixed, "dq_config": fixed}
+    return {"dkdv_config": fwd.chosen_config(_dkdv_autotuned), "dq_config": fwd.chosen_config(_dq_autotuned)}
+
+
+# --- the host side -----------------------------------------------------------------------------
+
+
+def plan_query_chunks(Lq: int, Lk: int, n_bh: int) -> int:
+    """Rows per query chunk of the dK/dV programs: all of Lq unless that leaves SMs idle.
+
+    A chunk is a whole number of query tiles (its last tile is only checked against Lq), so
+    chunks are multiples of the largest BLOCK_M -- of the interpreter's one BLOCK_M on the CPU,
+    where tiny test shapes then get several chunks and exercise the reduction.
+    """
+    align = CHUNK_ALIGN if ON_GPU else INTERPRETER_CONFIG["BLOCK_M"]
+    key_blocks = triton.cdiv(Lk, CHUNK_ALIGN)
+    n_chunks = max(1, min(triton.cdiv(SM_TARGET, key_blocks * n_bh), triton.cdiv(Lq, align)))
+    return triton.cdiv(triton.cdiv(Lq, n_chunks), align) * align
+
+
+def like_q_layout(t: torch.Tensor) -> torch.Tensor:
+    """An empty (B, H, L, D) gradient stored as (B, L, H, D), the layout the model's views come from."""
+    B, H, L, D = t.shape
+    return torch.empty((B, L, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
+
+
+def key_grad_buffers(k: torch.Tensor, n_chunks: int):
+    """dK and dV, and -- with several query chunks -- the fp32 partials the dK/dV kernel writes."""
+    B, H, Lk, D = k.shape
+    grads = torch.empty((2, B, Lk, H, D), dtype=k.dtype, device=k.device).transpose(2, 3)
+    if n_chunks == 1:
+        return grads, grads.unsqueeze(0)  # one chunk: the kernel writes the gradients themselves
+    partials = torch.empty((n_chunks, 2, B, H, Lk, D), dtype=torch.float32, device=k.device)
+    return grads, partials
+
+
+def reduce_key_grads(partials: torch.Tensor, grads: torch.Tensor) -> None:
+    """Sum the chunk partials into dK, dV (no-op with one chunk: the kernel wrote them directly)."""
+    if partials.data_ptr() == grads.data_ptr():
+        return
+    n_chunks, _, B, H, Lk, D = partials.shape
+    n_rows = 2 * B * H * Lk
+    block = 64 if ON_GPU else 32
+    _reduce_chunks_kernel[(triton.cdiv(n_rows, block),)](
+        partials,
+        grads,
+        n_chunks,
+        n_rows,
+        H,
+        Lk,
+        grads.stride(0),
+        grads.stride(1),
+        grads.stride(2),
+        grads.stride(3),
+        HEAD_DIM=D,
+        BLOCK=block,
+    )
+
+
+def partial_strides(partials: torch.Tensor) -> tuple:
+    """(chunk, b, h, l, d) strides of dK inside the (chunks, 2, B, H, Lk, D) partials."""
+    s = partials.stride()
+    return (s[0], s[2], s[3], s[4], s[5])
+
+
+def attention_backward(q, k, v, o, lse, do, scale: float):
+    """dQ, dK, dV from the saved forward (o, lse) and the output gradient ``do``."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    qk_scale = scale * fwd.LOG2E
+    precision = fwd.dot_precision(q.dtype)
+    delta = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
+    _delta_kernel[(triton.cdiv(Lq, 64), B * H)](
+        o, do, delta, *fwd.strides4(o), *fwd.strides4(do), H, Lq, HEAD_DIM=D, BLOCK_M=64
+    )
+
+    q_chunk = plan_query_chunks(Lq, Lk, B * H)
+    n_chunks = triton.cdiv(Lq, q_chunk)
+    grads, partials = key_grad_buffers(k, n_chunks)
+    buckets = (fwd.shape_bucket(Lq), fwd.shape_bucket(Lk))
+    common_strides = (*fwd.strides4(q), *fwd.strides4(k), *fwd.strides4(v), *fwd.strides4(do))
+    dkdv_args = (
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        partials[:, 0],
+        partials[:, 1],
+        scale,
+        qk_scale,
+        *common_strides,
+        *partial_strides(partials),
+        H,
+        Lq,
+        Lk,
+        q_chunk,
+        *buckets,
+    )
+    dq = like_q_layout(q)
+    dq_args = (
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        scale,
+        qk_scale,
+        *common_strides,
+        *fwd.strides4(dq),
+        H,
+        Lq,
+        Lk,
+        *buckets,
+    )
+    meta = {"HEAD_DIM": D, "DOT_PRECISION": precision}
+    if ON_GPU:
+        _dkdv_autotuned[lambda c: (triton.cdiv(Lk, c["BLOCK_N"]), n_chunks, B * H)](*dkdv_args, **meta)
+        _dq_autotuned[lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H)](*dq_args, **meta)
+    else:
+        cfg = INTERPRETER_CONFIG
+        _dkdv_kernel[(triton.cdiv(Lk, cfg["BLOCK_N"]), n_chunks, B * H)](*dkdv_args, **meta, **cfg)
+        _dq_kernel[(triton.cdiv(Lq, cfg["BLOCK_M"]), B * H)](*dq_args, **meta, **cfg)
+    reduce_key_grads(partials, grads)
+    return dq, grads[0], grads[1]
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        ctx.scale = fwd.check_inputs(q, k, v, scale)
+        o, lse = fwd.attention_forward(q, k, v, ctx.scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward(q, k, v, o, lse, do, ctx.scale)
+        return dq, dk, dv, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Differentiable rectangular attention: phase 02's forward, this phase's two-pass backward."""
+    return _Attention.apply(q, k, v, scale)

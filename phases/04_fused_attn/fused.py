@@ -1,0 +1,329 @@
+"""The fused backward: one launch computes Δ, dK, dV and dQ, recomputing the tiles on chip.
+
+Why not one program accumulating all three gradients? A program that owns a key block keeps its
+dK and dV in registers, but its share of dQ must be summed over every key block: with atomics
+that sum is not deterministic, and as per-key-block partials it is n_key_blocks copies of dQ in
+fp32 -- 7 GB at the mid shape, 650 GB at large. The same arithmetic rules out per-query-block
+partials of dK/dV. So the single launch holds two kinds of program, each keeping its own tiles
+on chip and writing its own gradient once:
+
+* key programs (the first ``n_key_programs``): own a K/V block, loop over a chunk of query
+  tiles, and accumulate dK, dV (fp32 partials per query chunk when the rows are split, summed by
+  phase 03's reduction in a second pass);
+* query programs (the rest): own a query tile, loop over every K/V tile, accumulate dQ.
+
+Neither needs a preprocess launch: each computes Δ = rowsum(dO ∘ O) for the query tiles it
+reads, on chip, instead of reading a Δ written by a separate kernel. The tile maths is phase
+03's (``dkdv_tile``, ``dq_tile``), so 03 and 04 differ only in how the work is launched.
+"""
+
+import importlib
+
+import torch
+import triton
+import triton.language as tl
+
+from common import ON_GPU
+
+fwd = importlib.import_module("phases.02_attn_fwd")
+bwd = importlib.import_module("phases.03_attn_bwd")
+
+
+@triton.jit
+def _load_query_tile(
+    q_base,
+    do_base,
+    o_base,
+    LSE,
+    bh_offset,
+    row,
+    Lq,
+    stride_ql,
+    stride_qd,
+    stride_gl,
+    stride_gd,
+    stride_ol,
+    stride_od,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CHECK: tl.constexpr,
+):
+    """Q, dO, lse (base 2) and Δ of a query tile; Δ from O and dO on chip."""
+    q = bwd.load_rows(q_base, stride_ql, stride_qd, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
+    do = bwd.load_rows(do_base, stride_gl, stride_gd, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
+    o = bwd.load_rows(o_base, stride_ol, stride_od, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
+    rows = row + tl.arange(0, BLOCK_M)
+    if CHECK:
+        lse = tl.load(LSE + bh_offset + rows, mask=rows < Lq, other=float("inf"))
+    else:
+        lse = tl.load(LSE + bh_offset + rows)
+    return q, do, lse * 1.4426950408889634, bwd.row_delta(o, do)
+
+
+@triton.jit
+def _fused_bwd_kernel(
+    Q,
+    K,
+    V,
+    O,
+    DO,
+    LSE,
+    DQ,
+    DK,
+    DV,
+    scale,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_ql,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kl,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vl,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_ol,
+    stride_od,
+    stride_gb,
+    stride_gh,
+    stride_gl,
+    stride_gd,
+    stride_db,
+    stride_dh,
+    stride_dl,
+    stride_dd,
+    stride_dkc,
+    stride_dkb,
+    stride_dkh,
+    stride_dkl,
+    stride_dkd,
+    H,
+    Lq,
+    Lk,
+    q_chunk,
+    n_chunks,
+    LQ_BUCKET,
+    LK_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    q_base = Q + b * stride_qb + h * stride_qh
+    do_base = DO + b * stride_gb + h * stride_gh
+    o_base = O + b * stride_ob + h * stride_oh
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    bh_offset = pid_bh.to(tl.int64) * Lq
+    n_key_programs = tl.cdiv(Lk, BLOCK_N) * n_chunks
+    if pid < n_key_programs:
+        # --- a key program: dK, dV of one key block over one chunk of query rows ---
+        pid_n, pid_c = pid % tl.cdiv(Lk, BLOCK_N), pid // tl.cdiv(Lk, BLOCK_N)
+        col_start = pid_n * BLOCK_N
+        k = bwd.load_rows(k_base, stride_kl, stride_kd, col_start, Lk, BLOCK_N, HEAD_DIM, True)
+        v = bwd.load_rows(v_base, stride_vl, stride_vd, col_start, Lk, BLOCK_N, HEAD_DIM, True)
+        dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        row_begin = pid_c * q_chunk
+        row_end = tl.minimum(row_begin + q_chunk, Lq)
+        full_end = row_begin + (row_end - row_begin) // BLOCK_M * BLOCK_M
+        for row in range(row_begin, full_end, BLOCK_M):
+            q, do, lse2, delta = _load_query_tile(
+                q_base,
+                do_base,
+                o_base,
+                LSE,
+                bh_offset,
+                row,
+                Lq,
+                stride_ql,
+                stride_qd,
+                stride_gl,
+                stride_gd,
+                stride_ol,
+                stride_od,
+                BLOCK_M,
+                HEAD_DIM,
+                False,
+            )
+            dk, dv = bwd.dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
+        if full_end < row_end:
+            q, do, lse2, delta = _load_query_tile(
+                q_base,
+                do_base,
+                o_base,
+                LSE,
+                bh_offset,
+                full_end,
+                Lq,
+                stride_ql,
+                stride_qd,
+                stride_gl,
+                stride_gd,
+                stride_ol,
+                stride_od,
+                BLOCK_M,
+                HEAD_DIM,
+                True,
+            )
+            dk, dv = bwd.dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
+        bwd.store_key_block(
+            DK,
+            DV,
+            dk * scale,
+            dv,
+            pid_c,
+            b,
+            h,
+            col_start,
+            Lk,
+            stride_dkc,
+            stride_dkb,
+            stride_dkh,
+            stride_dkl,
+            stride_dkd,
+            BLOCK_N,
+            HEAD_DIM,
+        )
+    else:
+        # --- a query program: dQ of one query tile over every key block ---
+        row_start = (pid - n_key_programs) * BLOCK_M
+        q, do, lse2, delta = _load_query_tile(
+            q_base,
+            do_base,
+            o_base,
+            LSE,
+            bh_offset,
+            row_start,
+            Lq,
+            stride_ql,
+            stride_qd,
+            stride_gl,
+            stride_gd,
+            stride_ol,
+            stride_od,
+            BLOCK_M,
+            HEAD_DIM,
+            True,
+        )
+        dq = bwd.dq_row_block(
+            q,
+            do,
+            lse2,
+            delta,
+            k_base,
+            v_base,
+            stride_kl,
+            stride_kd,
+            stride_vl,
+            stride_vd,
+            Lk,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            DOT_PRECISION,
+        )
+        dq_ptr = tl.make_block_ptr(
+            DQ + b * stride_db + h * stride_dh,
+            (Lq, HEAD_DIM),
+            (stride_dl, stride_dd),
+            (row_start, 0),
+            (BLOCK_M, HEAD_DIM),
+            (1, 0),
+        )
+        tl.store(dq_ptr, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0,))
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): one tile shape serves both kinds of program.
+FUSED_SEARCH_SPACE = [(64, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)]
+INTERPRETER_CONFIG = bwd.INTERPRETER_CONFIG
+
+_fused_autotuned = fwd.autotuned(_fused_bwd_kernel, FUSED_SEARCH_SPACE, bwd.prune_wide)
+
+# What the compiler reported for the most recent launch on a GPU: registers and spilled bytes.
+COMPILE_REPORT: dict = {}
+
+
+def last_fused_config() -> dict:
+    return {
+        "fused_config": fwd.chosen_config(_fused_autotuned if ON_GPU else None, INTERPRETER_CONFIG),
+        **COMPILE_REPORT,
+    }
+
+
+def fused_attention_backward(q, k, v, o, lse, do, scale: float):
+    """dQ, dK, dV in one launch (plus the chunk reduction when the query rows are split)."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    q_chunk = bwd.plan_query_chunks(Lq, Lk, B * H)
+    n_chunks = triton.cdiv(Lq, q_chunk)
+    grads, partials = bwd.key_grad_buffers(k, n_chunks)
+    dq = bwd.like_q_layout(q)
+    args = (
+        q,
+        k,
+        v,
+        o,
+        do,
+        lse,
+        dq,
+        partials[:, 0],
+        partials[:, 1],
+        scale,
+        scale * fwd.LOG2E,
+        *fwd.strides4(q),
+        *fwd.strides4(k),
+        *fwd.strides4(v),
+        *fwd.strides4(o),
+        *fwd.strides4(do),
+        *fwd.strides4(dq),
+        *bwd.partial_strides(partials),
+        H,
+        Lq,
+        Lk,
+        q_chunk,
+        n_chunks,
+        fwd.shape_bucket(Lq),
+        fwd.shape_bucket(Lk),
+    )
+    meta = {"HEAD_DIM": D, "DOT_PRECISION": fwd.dot_precision(q.dtype)}
+
+    def grid(cfg):
+        return (triton.cdiv(Lk, cfg["BLOCK_N"]) * n_chunks + triton.cdiv(Lq, cfg["BLOCK_M"]), B * H)
+
+    if ON_GPU:
+        compiled = _fused_autotuned[grid](*args, **meta)
+        if compiled is not None and hasattr(compiled, "n_spills"):
+            COMPILE_REPORT.update(n_regs=compiled.n_regs, n_spills=compiled.n_spills)
+    else:
+        _fused_bwd_kernel[grid(INTERPRETER_CONFIG)](*args, **meta, **INTERPRETER_CONFIG)
+    bwd.reduce_key_grads(partials, grads)
+    return dq, grads[0], grads[1]
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        ctx.scale = fwd.check_inputs(q, k, v, scale)
+        o, lse = fwd.attention_forward(q, k, v, ctx.scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = fused_attention_backward(q, k, v, o, lse, do, ctx.scale)
+        return dq, dk, dv, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Differentiable rectangular attention: phase 02's forward, the fused one-launch backward."""
+    return _FusedAttention.apply(q, k, v, scale)

@@ -1,0 +1,14 @@
+"""Renders reports/04_fused_attn.md with phase 02's attention renderer and this phase's goals."""
+
+import importlib
+
+render_attention = importlib.import_module("phases.02_attn_fwd.report").render_attention
+
+
+def render(df, fig):
+    goals = [
+        ("triton-fused", "mid", "sdpa-cudnn", 1.1),
+        ("triton-fused", "large", "sdpa-cudnn", 1.1),
+        ("triton-fused", "small", "sdpa-cudnn", 1.5),
+    ]
+    return render_attention(df, fig, title="Forward + fused backward", goals=goals)
