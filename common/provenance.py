@@ -28,16 +28,21 @@ def _static_provenance() -> dict:
     import triton  # after common.device has set TRITON_INTERPRET
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    commit = _git("rev-parse", "--short=12", "HEAD") or os.environ.get("TRITONLAB_COMMIT", "unknown")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # A copy of the tree without .git (a cluster staging dir, the lent GPU machine) names its
+    # commit through TRITONLAB_COMMIT; its dirty state is then unknown.
+    commit = _git("rev-parse", "--short=12", "HEAD")
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else "unknown"
+    stamp = REPO_ROOT / ".tritonlab_commit"  # written by a post-commit hook where one is installed
+    if not commit and stamp.exists():
+        commit = stamp.read_text().strip()
     return {
         **describe_device(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda or "none",
-        "cudnn": cudnn or "none",
-        "git_commit": commit,
-        "git_dirty": bool(status),
+        "cudnn": f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}" if cudnn else "none",
+        "git_commit": commit or os.environ.get("TRITONLAB_COMMIT", "unknown"),
+        "git_dirty": dirty,
         "host": platform.node(),
     }
 

@@ -32,7 +32,29 @@ def reports_dir() -> Path:
 
 def load_phase(phase: str) -> pd.DataFrame:
     """Every row ever written for ``phase``, across all its CSVs."""
-    frames = [pd.read_csv(p) for p in sorted((data_dir() / phase).glob("*.csv"))]
+    # Provenance columns are text even where they look like numbers ("13.0", a hex commit).
+    text = {
+        c: str
+        for c in [
+            "gpu",
+            "torch",
+            "triton",
+            "cuda",
+            "cudnn",
+            "git_commit",
+            "git_dirty",
+            "host",
+            "run_id",
+            "run_group",
+            "slurm_job_id",
+            "slurm_array_job_id",
+            "slurm_array_task_id",
+        ]
+    }
+    frames = [
+        pd.read_csv(p, dtype=text, keep_default_na=False, na_values=[""])
+        for p in sorted((data_dir() / phase).glob("*.csv"))
+    ]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame()
