@@ -52,7 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
 
     # Check every argument before any work starts.
-    args.shapes = [resolve_shape(name, args.batch) for name in (args.shape or [None])]
+    try:
+        args.shapes = [resolve_shape(name, args.batch) for name in (args.shape or [None])]
+    except ValueError as err:
+        parser.error(str(err))
     if args.dtype not in DTYPES:
         parser.error(f"--dtype: unsupported {args.dtype!r}; expected one of {', '.join(DTYPES)}")
     args.sdpa_backend = args.sdpa_backend or (["cudnn", "flash"] if ON_GPU else ["math"])

@@ -1,0 +1,30 @@
+"""Timing on the CPU: medians and quantiles are ordered, stages are all recorded."""
+
+import time
+
+from common import StageTimer, bench
+from common.timing import summarize
+
+
+def test_summarize_orders_quantiles():
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert t.ms == 3.0 and t.p20_ms <= t.ms <= t.p80_ms and t.reps == 5
+
+
+def test_bench_measures_a_sleep():
+    t = bench(lambda: time.sleep(0.002), warmup_ms=5, rep_ms=30)
+    assert 1.5 < t.ms < 50 and t.reps >= 3
+
+
+def test_stage_timer_records_every_stage():
+    timer = StageTimer()
+    for _ in range(3):
+        with timer.stage("step"):
+            with timer.stage("forward"):
+                time.sleep(0.001)
+            with timer.stage("backward"):
+                time.sleep(0.002)
+    stages = timer.summary()
+    assert set(stages) == {"step", "forward", "backward"}
+    assert stages["step"].reps == 3
+    assert stages["step"].ms >= stages["forward"].ms + stages["backward"].ms * 0.9
