@@ -36,7 +36,9 @@ def test_latest_run_per_gpu(demo_phase):
 
 def test_speedup_only_within_a_run(demo_phase):
     out = add_speedup(demo_phase, ["shape", "dtype"], baseline="base")
-    fast = out.loc[(out["variant"] == "fast") & (out["gpu"] == "H100")].set_index("run_group")["speedup_vs_base"]
+    fast = out.loc[(out["variant"] == "fast") & (out["gpu"] == "H100")].set_index("run_group")[
+        "speedup_vs_base"
+    ]
     assert fast["r1"] == pytest.approx(2.0) and fast["r2"] == pytest.approx(3.0)
     assert out.loc[out["gpu"] == "A100", "speedup_vs_base"].isna().all()  # no baseline in its run
 

@@ -18,7 +18,9 @@ def gmm_nll_float64_reference(params, y):
     p = params.double()
     weights = torch.softmax(p[..., 0], dim=-1)
     sigma = torch.exp(p[..., 2])
-    density = torch.exp(-0.5 * ((y.double()[:, None] - p[..., 1]) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
+    density = torch.exp(-0.5 * ((y.double()[:, None] - p[..., 1]) / sigma) ** 2) / (
+        sigma * math.sqrt(2 * math.pi)
+    )
     return -torch.log((weights * density).sum(-1)).mean()
 
 
@@ -99,8 +101,9 @@ def test_loss_decreases_when_training():
     from common import TNPShape
 
     curve = list(
-        baseline.train_loss_curve(TINY, baseline.Components(), TNPShape("t", 24, 12, 8), "fp32", steps=60,
-                                  log_every=10, lr=3e-3)
+        baseline.train_loss_curve(
+            TINY, baseline.Components(), TNPShape("t", 24, 12, 8), "fp32", steps=60, log_every=10, lr=3e-3
+        )
     )
     first, last = curve[0][1], curve[-1][1]
     assert last < first - 0.2, curve
@@ -116,8 +119,13 @@ def test_cli_rejects_bad_input_before_work():
 
 def test_phase_runs_on_the_cpu_and_writes_rows_and_report(tmp_path):
     env = {**os.environ, "TRITONLAB_DATA_DIR": str(tmp_path / "data")}
-    done = subprocess.run([sys.executable, "-m", "phases", "01", "--steps", "1", "--warmup", "0"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "phases", "01", "--steps", "1", "--warmup", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "TRITON_INTERPRET=1" in done.stdout  # it says it is a CPU smoke run
     (csv_path,) = (tmp_path / "data" / "01_baseline").glob("*.csv")
