@@ -1,5 +1,7 @@
 """Phase kernel_suite: Triton RMSNorm, GELU, SwiGLU, RoPE, cross-entropy and FP8 quantisation."""
 
+import common  # noqa: F401  -- first: it decides interpreter mode before any kernel is defined
+
 from .activations import GELU, GELUFunction, SwiGLU, SwiGLUFunction, gelu, swiglu
 from .cross_entropy import CrossEntropyFunction, CrossEntropyLoss, cross_entropy
 from .fp8 import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_fp8

@@ -102,8 +102,9 @@ class GELUFunction(torch.autograd.Function):
     def forward(ctx, x, approx_tanh):
         x = _dense(x)
         y = torch.empty_like(x)
-        _gelu_fwd_kernel[_grid(x.numel())](x, y, x.numel(), APPROX_TANH=approx_tanh, BLOCK=BLOCK,
-                                           num_warps=NUM_WARPS)
+        _gelu_fwd_kernel[_grid(x.numel())](
+            x, y, x.numel(), APPROX_TANH=approx_tanh, BLOCK=BLOCK, num_warps=NUM_WARPS
+        )
         ctx.save_for_backward(x)
         ctx.approx_tanh = approx_tanh
         return y
@@ -113,8 +114,9 @@ class GELUFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         dy = _dense(dy)
         dx = torch.empty_like(x)
-        _gelu_bwd_kernel[_grid(x.numel())](dy, x, dx, x.numel(), APPROX_TANH=ctx.approx_tanh, BLOCK=BLOCK,
-                                           num_warps=NUM_WARPS)
+        _gelu_bwd_kernel[_grid(x.numel())](
+            dy, x, dx, x.numel(), APPROX_TANH=ctx.approx_tanh, BLOCK=BLOCK, num_warps=NUM_WARPS
+        )
         return dx, None
 
 
@@ -140,8 +142,9 @@ class SwiGLUFunction(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         dy = _dense(dy)
         dgate, dup = torch.empty_like(gate), torch.empty_like(up)
-        _swiglu_bwd_kernel[_grid(gate.numel())](dy, gate, up, dgate, dup, gate.numel(), BLOCK=BLOCK,
-                                                num_warps=NUM_WARPS)
+        _swiglu_bwd_kernel[_grid(gate.numel())](
+            dy, gate, up, dgate, dup, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS
+        )
         return dgate, dup
 
 

@@ -63,6 +63,6 @@ def row_block_settings(n_cols: int) -> tuple[int, int, int]:
 
 
 def persistent_programs(n_work: int, per_sm: int = 2) -> int:
-    """How many programs a persistent kernel launches: a few per SM on a GPU, a handful in the interpreter."""
+    """How many programs a persistent kernel launches: ``per_sm`` per SM on a GPU, a handful in the interpreter."""
     slots = torch.cuda.get_device_properties(0).multi_processor_count * per_sm if common.ON_GPU else 4
     return max(1, min(n_work, slots))

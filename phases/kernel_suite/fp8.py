@@ -23,8 +23,37 @@ GRANULARITIES = ("row", "block")
 
 
 @triton.jit
-def _quantize_kernel(X, Q, SCALES, n_rows, n_cols, n_groups, stride_x, stride_q, stride_s,
-                     BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, GROUP: tl.constexpr):
+def _round_to_e4m3(v):
+    """Round fp32 ``v`` (|v| <= 448) to the nearest e4m3 value, ties to even, so the cast after it is exact.
+
+    The GPU's conversion rounds the same way; doing it here makes the interpreter (whose fp8 cast drops
+    the carry when rounding up crosses a power of two) agree with it bit for bit.
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    # Normal range: keep 3 of fp32's 23 mantissa bits; adding half an ulp (minus one, plus the kept
+    # lowest bit) before clearing the rest rounds to nearest even, carrying into the exponent if needed.
+    keep_lsb = (bits >> 20) & 1
+    normal = ((bits + 0x7FFFF + keep_lsb) & -1048576).to(tl.float32, bitcast=True)  # -1048576 == 0xFFF00000
+    # Subnormals (|v| < 2**-6) are multiples of 2**-9: adding and removing 1.5 * 2**14 rounds to one.
+    subnormal = (v + 24576.0) - 24576.0
+    return tl.where(tl.abs(v) < 0.015625, subnormal, normal)
+
+
+@triton.jit
+def _quantize_kernel(
+    X,
+    Q,
+    SCALES,
+    n_rows,
+    n_cols,
+    n_groups,
+    stride_x,
+    stride_q,
+    stride_s,
+    BLOCK_M: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr,
+):
     row_ids = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     group_ids = tl.arange(0, BLOCK_G)
     rows = row_ids[:, None, None]
@@ -34,14 +63,29 @@ def _quantize_kernel(X, Q, SCALES, n_rows, n_cols, n_groups, stride_x, stride_q,
     amax = tl.max(tl.abs(x), axis=2)
     scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
     q = tl.clamp(x * (1.0 / scale)[:, :, None], -448.0, 448.0)  # clamp: x*(1/scale) may round past 448
-    tl.store(Q + rows * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
-    tl.store(SCALES + row_ids[:, None] * stride_s + group_ids[None, :], scale,
-             mask=(row_ids[:, None] < n_rows) & (group_ids[None, :] < n_groups))
+    tl.store(Q + rows * stride_q + cols, _round_to_e4m3(q).to(Q.dtype.element_ty), mask=mask)
+    tl.store(
+        SCALES + row_ids[:, None] * stride_s + group_ids[None, :],
+        scale,
+        mask=(row_ids[:, None] < n_rows) & (group_ids[None, :] < n_groups),
+    )
 
 
 @triton.jit
-def _dequantize_kernel(Q, SCALES, Y, n_rows, n_cols, n_groups, stride_q, stride_s, stride_y,
-                       BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, GROUP: tl.constexpr):
+def _dequantize_kernel(
+    Q,
+    SCALES,
+    Y,
+    n_rows,
+    n_cols,
+    n_groups,
+    stride_q,
+    stride_s,
+    stride_y,
+    BLOCK_M: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr,
+):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None, None]
     groups = tl.arange(0, BLOCK_G)[None, :, None]
     cols = groups * GROUP + tl.arange(0, GROUP)[None, None, :]
@@ -71,7 +115,9 @@ def _check_granularity(granularity: str, block: int) -> None:
         raise ValueError(f"block: expected a power of two in [16, 4096], got {block}")
 
 
-def quantize_fp8(x: torch.Tensor, granularity: str = "row", block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(
+    x: torch.Tensor, granularity: str = "row", block: int = 128
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scales): q is float8_e4m3fn with x's shape; scales fp32 (..., 1) for rows, (..., groups) for blocks."""
     check_float("x", x)
     _check_granularity(granularity, block)
@@ -84,13 +130,30 @@ def quantize_fp8(x: torch.Tensor, granularity: str = "row", block: int = 128) ->
     q = torch.empty((n_rows, n_cols), dtype=FP8_DTYPE, device=x.device)
     scales = torch.empty((n_rows, n_groups), dtype=torch.float32, device=x.device)
     _quantize_kernel[(triton.cdiv(n_rows, block_m),)](
-        rows, q, scales, n_rows, n_cols, n_groups, rows.stride(0), q.stride(0), scales.stride(0),
-        BLOCK_M=block_m, BLOCK_G=block_g, GROUP=group, num_warps=num_warps)
+        rows,
+        q,
+        scales,
+        n_rows,
+        n_cols,
+        n_groups,
+        rows.stride(0),
+        q.stride(0),
+        scales.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_G=block_g,
+        GROUP=group,
+        num_warps=num_warps,
+    )
     return q.view(x.shape), scales.view(*x.shape[:-1], n_groups)
 
 
-def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor, granularity: str = "row", block: int = 128,
-                   dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def dequantize_fp8(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    granularity: str = "row",
+    block: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """``q * scale`` in ``dtype``: the inverse of :func:`quantize_fp8` up to e4m3 rounding."""
     check_float("q", q, (FP8_DTYPE,))
     check_float("scales", scales, (torch.float32,))
@@ -100,12 +163,26 @@ def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor, granularity: str = "ro
     check_row_width("q", q.shape[-1])
     n_groups, block_g, group, block_m, num_warps = _layout(q.shape[-1], granularity, block)
     if scales.shape != (*q.shape[:-1], n_groups):
-        raise ValueError(f"scales: expected shape {(*q.shape[:-1], n_groups)} for {granularity} granularity, "
-                         f"got {tuple(scales.shape)}")
+        raise ValueError(
+            f"scales: expected shape {(*q.shape[:-1], n_groups)} for {granularity} granularity, "
+            f"got {tuple(scales.shape)}"
+        )
     q_rows, s_rows = as_rows(q), as_rows(scales)
     n_rows, n_cols = q_rows.shape
     y = torch.empty((n_rows, n_cols), dtype=dtype, device=q.device)
     _dequantize_kernel[(triton.cdiv(n_rows, block_m),)](
-        q_rows, s_rows, y, n_rows, n_cols, n_groups, q_rows.stride(0), s_rows.stride(0), y.stride(0),
-        BLOCK_M=block_m, BLOCK_G=block_g, GROUP=group, num_warps=num_warps)
+        q_rows,
+        s_rows,
+        y,
+        n_rows,
+        n_cols,
+        n_groups,
+        q_rows.stride(0),
+        s_rows.stride(0),
+        y.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_G=block_g,
+        GROUP=group,
+        num_warps=num_warps,
+    )
     return y.view(q.shape)

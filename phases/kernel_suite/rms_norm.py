@@ -20,8 +20,9 @@ from .checks import as_rows, check_float, check_row_width, persistent_programs, 
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_fwd_kernel(
+    X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
@@ -37,8 +38,21 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
 
 
 @triton.jit
-def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, n_cols, stride_dy, stride_x, stride_dx,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_bwd_kernel(
+    DY,
+    X,
+    W,
+    RSTD,
+    DX,
+    DW_PARTIAL,
+    n_rows,
+    n_cols,
+    stride_dy,
+    stride_x,
+    stride_dx,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
@@ -70,7 +84,9 @@ def _sum_partials_kernel(PARTIAL, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, B
     for start in range(0, n_parts, BLOCK_P):
         parts = start + tl.arange(0, BLOCK_P)
         mask = (parts < n_parts)[:, None] & col_ok[None, :]
-        acc += tl.sum(tl.load(PARTIAL + parts[:, None] * n_cols + cols[None, :], mask=mask, other=0.0), axis=0)
+        acc += tl.sum(
+            tl.load(PARTIAL + parts[:, None] * n_cols + cols[None, :], mask=mask, other=0.0), axis=0
+        )
     tl.store(OUT + cols, acc.to(OUT.dtype.element_ty), mask=col_ok)
 
 
@@ -80,8 +96,9 @@ def _check(x, weight, eps):
     if x.dim() < 1:
         raise ValueError("x: expected at least one dimension (the hidden size last)")
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"weight: expected shape ({x.shape[-1]},) to match x's last dimension, "
-                         f"got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight: expected shape ({x.shape[-1]},) to match x's last dimension, got {tuple(weight.shape)}"
+        )
     if weight.device != x.device:
         raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
     check_row_width("x", x.shape[-1])
@@ -98,8 +115,19 @@ class RMSNormFunction(torch.autograd.Function):
         rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
         block_m, block_n, num_warps = row_block_settings(n_cols)
         _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
-            x2, weight, y, rstd, n_rows, n_cols, x2.stride(0), y.stride(0), eps,
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+            x2,
+            weight,
+            y,
+            rstd,
+            n_rows,
+            n_cols,
+            x2.stride(0),
+            y.stride(0),
+            eps,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
         ctx.save_for_backward(x2, weight, rstd)
         ctx.x_shape = x.shape
         return y.view(x.shape)
@@ -111,15 +139,30 @@ class RMSNormFunction(torch.autograd.Function):
         n_rows, n_cols = x2.shape
         dx = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
         block_m, block_n, num_warps = row_block_settings(n_cols)
-        n_programs = persistent_programs(triton.cdiv(n_rows, block_m))
+        # Two programs per SM (one at 32 warps): the SM is full, and the partial sums stay small.
+        n_programs = persistent_programs(triton.cdiv(n_rows, block_m), per_sm=1 if num_warps == 32 else 2)
         partial = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x2.device)
         _rms_norm_bwd_kernel[(n_programs,)](
-            dy2, x2, weight, rstd, dx, partial, n_rows, n_cols, dy2.stride(0), x2.stride(0), dx.stride(0),
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+            dy2,
+            x2,
+            weight,
+            rstd,
+            dx,
+            partial,
+            n_rows,
+            n_cols,
+            dy2.stride(0),
+            x2.stride(0),
+            dx.stride(0),
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
         dw = torch.empty_like(weight)
         block_c = min(256, triton.next_power_of_2(n_cols))
         _sum_partials_kernel[(triton.cdiv(n_cols, block_c),)](
-            partial, dw, n_programs, n_cols, BLOCK_P=32, BLOCK_C=block_c, num_warps=4)
+            partial, dw, n_programs, n_cols, BLOCK_P=32, BLOCK_C=block_c, num_warps=4
+        )
         return dx.view(ctx.x_shape), dw, None
 
 

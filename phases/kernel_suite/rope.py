@@ -17,7 +17,9 @@ import common  # noqa: F401  -- decides interpreter mode before any @triton.jit
 from .checks import check_float
 
 
-def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cache(
+    seq_len: int, head_dim: int, base: float = 10000.0, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos`` and ``sin`` of shape (seq_len, head_dim // 2), fp32: angle ``t * base**(-2i/head_dim)``."""
     if head_dim <= 0 or head_dim % 2:
         raise ValueError(f"head_dim: must be a positive even number, got {head_dim}")
@@ -30,8 +32,9 @@ def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0, device=None) 
 
 
 @triton.jit
-def _rotate_heads(X, Y, base_x, base_y, n_heads, stride_xh, cos, sin, half,
-                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rotate_heads(
+    X, Y, base_x, base_y, n_heads, stride_xh, cos, sin, half, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr
+):
     heads = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     mask = (heads < n_heads)[:, None] & (d < half)[None, :]
@@ -44,9 +47,30 @@ def _rotate_heads(X, Y, base_x, base_y, n_heads, stride_xh, cos, sin, half,
 
 
 @triton.jit
-def _rope_kernel(Q, K, COS, SIN, QOUT, KOUT, seq_len, n_q_heads, n_k_heads, half,
-                 stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_cos, stride_sin,
-                 BACKWARD: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rope_kernel(
+    Q,
+    K,
+    COS,
+    SIN,
+    QOUT,
+    KOUT,
+    seq_len,
+    n_q_heads,
+    n_k_heads,
+    half,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_cos,
+    stride_sin,
+    BACKWARD: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)  # b * seq_len + t
     b = row // seq_len
     t = row % seq_len
@@ -55,10 +79,32 @@ def _rope_kernel(Q, K, COS, SIN, QOUT, KOUT, seq_len, n_q_heads, n_k_heads, half
     sin = tl.load(SIN + t * stride_sin + d, mask=d < half, other=0.0).to(tl.float32)
     if BACKWARD:  # the transpose of a rotation is the rotation by minus the angle
         sin = -sin
-    _rotate_heads(Q, QOUT, b * stride_qb + t * stride_qt, row * n_q_heads * 2 * half, n_q_heads, stride_qh,
-                  cos[None, :], sin[None, :], half, BLOCK_HQ, BLOCK_D)
-    _rotate_heads(K, KOUT, b * stride_kb + t * stride_kt, row * n_k_heads * 2 * half, n_k_heads, stride_kh,
-                  cos[None, :], sin[None, :], half, BLOCK_HK, BLOCK_D)
+    _rotate_heads(
+        Q,
+        QOUT,
+        b * stride_qb + t * stride_qt,
+        row * n_q_heads * 2 * half,
+        n_q_heads,
+        stride_qh,
+        cos[None, :],
+        sin[None, :],
+        half,
+        BLOCK_HQ,
+        BLOCK_D,
+    )
+    _rotate_heads(
+        K,
+        KOUT,
+        b * stride_kb + t * stride_kt,
+        row * n_k_heads * 2 * half,
+        n_k_heads,
+        stride_kh,
+        cos[None, :],
+        sin[None, :],
+        half,
+        BLOCK_HK,
+        BLOCK_D,
+    )
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -76,9 +122,30 @@ def _launch(q, k, cos, sin, backward: bool):
     block_d = triton.next_power_of_2(head_dim // 2)
     num_warps = 4 if max(block_hq, block_hk) * block_d <= 2048 else 8
     _rope_kernel[(batch * seq_len,)](
-        q, k, cos, sin, q_out, k_out, seq_len, n_q_heads, n_k_heads, head_dim // 2,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), cos.stride(0), sin.stride(0),
-        BACKWARD=backward, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_D=block_d, num_warps=num_warps)
+        q,
+        k,
+        cos,
+        sin,
+        q_out,
+        k_out,
+        seq_len,
+        n_q_heads,
+        n_k_heads,
+        head_dim // 2,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        cos.stride(0),
+        sin.stride(0),
+        BACKWARD=backward,
+        BLOCK_HQ=block_hq,
+        BLOCK_HK=block_hk,
+        BLOCK_D=block_d,
+        num_warps=num_warps,
+    )
     return q_out, k_out
 
 
@@ -99,7 +166,9 @@ def _check(q, k, cos, sin):
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_float(name, t)
     if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"q, k: expected (B, T, H, D) tensors, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(
+            f"q, k: expected (B, T, H, D) tensors, got shapes {tuple(q.shape)} and {tuple(k.shape)}"
+        )
     batch, seq_len, _, head_dim = q.shape
     if k.shape[0] != batch or k.shape[1] != seq_len or k.shape[3] != head_dim:
         raise ValueError(f"k: shape {tuple(k.shape)} must match q's {tuple(q.shape)} in B, T and D")
@@ -109,8 +178,10 @@ def _check(q, k, cos, sin):
         raise ValueError(f"q: head dimension must be even for the half rotation, got {head_dim}")
     for name, t in (("cos", cos), ("sin", sin)):
         if t.dim() != 2 or t.shape[0] < seq_len or t.shape[1] != head_dim // 2:
-            raise ValueError(f"{name}: expected shape (>= {seq_len}, {head_dim // 2}) as built by rope_cache, "
-                             f"got {tuple(t.shape)}")
+            raise ValueError(
+                f"{name}: expected shape (>= {seq_len}, {head_dim // 2}) as built by rope_cache, "
+                f"got {tuple(t.shape)}"
+            )
         if t.device != q.device:
             raise ValueError(f"{name}: on {t.device}, but q is on {q.device}")
 

@@ -1,0 +1,165 @@
+"""Render reports/kernel_suite.md: per-kernel tables and plots, the goals, and the final table."""
+
+import pandas as pd
+
+from common.report import Figures, failures_table, markdown_table, select_latest
+
+KERNELS = ("rms_norm", "gelu", "swiglu", "rope", "cross_entropy", "fp8_row", "fp8_block")
+BASELINES = ("eager", "compile", "liger")
+MEMORY_BOUND = ("rms_norm", "gelu", "swiglu", "rope", "fp8_row", "fp8_block")
+COPY_GOAL_PCT = 90.0
+CE_GOAL_MS, CE_GOAL_SHAPE = 3.5, "16384x128256"
+
+
+def _main_pass(kernel: str) -> str:
+    return "fwd" if kernel.startswith("fp8") else "fwd+bwd"
+
+
+def _elements(shape: str) -> int:
+    tokens, width = shape.split("x")
+    return int(tokens) * int(width)
+
+
+def _kernel_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per (shape, pass): each variant's ms, ours' GB/s and share of copy, the best alternative."""
+    lines = []
+    for (shape, pass_), cell in rows.groupby(["shape", "pass"], sort=False):
+        by_variant = cell.set_index("variant")
+        line = {"shape": shape, "pass": pass_}
+        for variant in ("ours", *BASELINES):
+            line[f"{variant} ms"] = by_variant["ms"].get(variant, float("nan"))
+        ours = by_variant.loc["ours"] if "ours" in by_variant.index else None
+        bases = cell.loc[cell["variant"].isin(BASELINES)].dropna(subset=["ms"])
+        line["ours GB/s"] = ours["gbps"] if ours is not None else float("nan")
+        line["ours % copy"] = ours["pct_copy"] if ours is not None else float("nan")
+        line["copy GB/s"] = ours["copy_gbps"] if ours is not None else float("nan")
+        if not bases.empty and ours is not None:
+            best = bases.loc[bases["ms"].idxmin()]
+            line["best other"] = best["variant"]
+            line["speedup vs best"] = best["ms"] / ours["ms"]
+        line["ours extra GB"] = ours["extra_mem_gb"] if ours is not None else float("nan")
+        line["ours rel err"] = ours["rel_err"] if ours is not None else float("nan")
+        lines.append(line)
+    table = pd.DataFrame(lines)
+    table["_elems"] = table["shape"].map(_elements)
+    order = {"fwd": 0, "bwd": 1, "fwd+bwd": 2}
+    table["_pass"] = table["pass"].map(order)
+    return table.sort_values(["_elems", "_pass"]).drop(columns=["_elems", "_pass"])
+
+
+def _plot(kernel: str, rows: pd.DataFrame, fig: Figures) -> str:
+    main = rows.loc[rows["pass"] == _main_pass(kernel)].copy()
+    if main.empty:
+        return ""
+    main["elements"] = main["shape"].map(_elements)
+    copy = main.loc[main["variant"] == "ours"].assign(
+        variant="device copy (clone)", gbps=lambda d: d["copy_gbps"]
+    )
+    data = pd.concat([main, copy], ignore_index=True)
+    return fig.line_plot(
+        data,
+        x="elements",
+        y="gbps",
+        series="variant",
+        name=kernel,
+        logx=True,
+        title=f"{kernel} {_main_pass(kernel)}: GB/s (bytes each input read once, output written once)",
+        xlabel="tokens x width",
+        ylabel="GB/s",
+    )
+
+
+def _goals(ok: pd.DataFrame) -> str:
+    lines = [
+        "| kernel | shape | pass | ours % of copy | goal >= 90% | slower than the best alternative? |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kernel in MEMORY_BOUND:
+        rows = ok.loc[ok["kernel"] == kernel]
+        ours = rows.loc[rows["variant"] == "ours"]
+        if ours.empty:
+            continue
+        largest = max(ours["shape"], key=_elements)
+        for _, row in ours.loc[ours["shape"] == largest].iterrows():
+            met = (
+                "met"
+                if row["pct_copy"] >= COPY_GOAL_PCT
+                else f"missed by {COPY_GOAL_PCT - row['pct_copy']:.1f} points"
+            )
+            lines.append(f"| {kernel} | {largest} | {row['pass']} | {row['pct_copy']:.1f}% | {met} | |")
+        slower = []
+        for (shape, pass_), cell in rows.groupby(["shape", "pass"]):
+            mine = cell.loc[cell["variant"] == "ours", "ms"]
+            others = cell.loc[cell["variant"].isin(BASELINES)]
+            if mine.empty or others.empty:
+                continue
+            best = others.loc[others["ms"].idxmin()]
+            if best["ms"] < mine.iloc[0]:
+                slower.append(f"{shape} {pass_}: {best['variant']} {mine.iloc[0] / best['ms']:.2f}x faster")
+        lines.append(f"| {kernel} | all | all | | | {'; '.join(slower) if slower else 'never'} |")
+    ce = ok.loc[
+        (ok["kernel"] == "cross_entropy") & (ok["shape"] == CE_GOAL_SHAPE) & (ok["variant"] == "ours")
+    ]
+    text = "\n".join(lines) + "\n"
+    if not ce.empty:
+        row = ce.iloc[0]
+        grad_gb = _elements(CE_GOAL_SHAPE) * 2 / 1e9
+        verdict = "met" if row["ms"] <= CE_GOAL_MS else f"missed by {row['ms'] - CE_GOAL_MS:.2f} ms"
+        text += (
+            f"\nCross-entropy forward+backward at {CE_GOAL_SHAPE} bf16: **{row['ms']:.2f} ms** against the "
+            f"{CE_GOAL_MS} ms goal ({verdict}); memory beyond the logits {row['extra_mem_gb']:.2f} GB, "
+            f"against {grad_gb:.2f} GB for their gradient.\n"
+        )
+    return text
+
+
+def _final_table(ok: pd.DataFrame) -> str:
+    lines = []
+    for kernel in KERNELS:
+        rows = ok.loc[(ok["kernel"] == kernel) & (ok["pass"] == _main_pass(kernel))]
+        ours = rows.loc[rows["variant"] == "ours"]
+        if ours.empty:
+            continue
+        shape = max(ours["shape"], key=_elements)
+        cell = rows.loc[rows["shape"] == shape]
+        mine = cell.loc[cell["variant"] == "ours"].iloc[0]
+        others = cell.loc[cell["variant"].isin(BASELINES)]
+        line = {"kernel": f"{kernel} {_main_pass(kernel)} {shape}", "our latency (ms)": mine["ms"]}
+        if not others.empty:
+            best = others.loc[others["ms"].idxmin()]
+            line.update(
+                {
+                    "base latency (ms)": best["ms"],
+                    "base": best["variant"],
+                    "speedup": best["ms"] / mine["ms"],
+                    "metric": "GB/s",
+                    "our perf": mine["gbps"],
+                    "base perf": best["gbps"],
+                }
+            )
+        lines.append(line)
+    return markdown_table(pd.DataFrame(lines))
+
+
+def render(df: pd.DataFrame, fig: Figures) -> str:
+    df = select_latest(df, ["kernel", "shape", "pass", "variant"])
+    ok = df.loc[df["status"] == "ok"]
+    parts = [
+        "Each kernel against PyTorch eager, `torch.compile` of the same eager code and Liger-Kernel, bf16, "
+        "every cell checked against the eager function on fp32 inputs before it is timed (`rel err`). "
+        "GB/s counts each input read once and each output written once; `% copy` compares it with a "
+        "`clone()` moving as many bytes, measured in the same run. `extra GB` is the memory a forward+backward "
+        "allocates beyond its inputs. Speedups are the best alternative's time over ours (> 1: ours is faster).\n",
+        "\n## Final table\n\nAt each kernel's largest measured shape; the base is the fastest of eager, "
+        "compile and Liger there.\n\n",
+        _final_table(ok),
+        "\n## Goals\n\n",
+        _goals(ok),
+    ]
+    for kernel in KERNELS:
+        rows = ok.loc[ok["kernel"] == kernel]
+        if rows.empty:
+            continue
+        parts += [f"\n## {kernel}\n\n", markdown_table(_kernel_table(rows)), "\n", _plot(kernel, rows, fig)]
+    parts.append(failures_table(df))
+    return "".join(parts)
