@@ -1,0 +1,307 @@
+"""The benchmark matrix a Slurm job array runs: its cells, and what becomes of each one.
+
+    python -m slurm.matrix                    # the cells, one per line, then the array size
+    python -m slurm.matrix array              # the --array range, e.g. 0-11 (no number kept by hand)
+    python -m slurm.matrix run-cell 3         # run cell 3 here; if it dies, its rows become failure rows
+    python -m slurm.matrix collect 1234       # after array job 1234: a failure row for every cell
+                                              # that wrote nothing, then every report re-rendered
+    python -m slurm.matrix forward 1234       # sbatch flags that job 1234 was submitted with
+
+``slurm/run_matrix.sbatch`` calls these; nothing here needs Slurm except ``forward`` and the job
+states ``collect`` quotes. The cells are phase 01's shapes x SDPA backends, chosen by environment
+variables so that the templates never need editing:
+
+    TRITONLAB_MATRIX=gpu|cpu       gpu (default): small, mid, large x cudnn, flash, efficient, math,
+                                   eager and compile; cpu: the tiny shape x math, flash (the SDPA
+                                   backends PyTorch has on the CPU), eager, 2 steps -- a smoke run
+    TRITONLAB_MATRIX_SHAPES        override the shapes, e.g. "small mid"
+    TRITONLAB_MATRIX_BACKENDS      override the backends, e.g. "cudnn flash"
+    TRITONLAB_MATRIX_ARGS          extra phase arguments for every cell, e.g. "--steps 20"
+
+A cell whose process dies (a crash, a bad argument, a kill) still leaves rows: ``run-cell`` writes a
+failure row for each of the cell's variants that has none, and ``collect`` does the same for tasks
+that never got that far (cancelled, timed out), so the reports list every cell of the matrix.
+"""
+
+import argparse
+import contextlib
+import csv
+import os
+import shlex
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass
+
+PHASE = "01_baseline"
+
+PRESETS = {
+    "gpu": {
+        "shapes": ("small", "mid", "large"),
+        "backends": ("cudnn", "flash", "efficient", "math"),
+        "modes": ("eager", "compile"),
+        "extra": (),
+    },
+    "cpu": {
+        "shapes": ("tiny",),
+        "backends": ("math", "flash"),
+        "modes": ("eager",),
+        "extra": ("--steps", "2", "--warmup", "1"),
+    },
+}
+DTYPE = "bf16"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One array task: phase 01 at one shape with one SDPA backend, in every mode."""
+
+    shape: str
+    backend: str
+    modes: tuple[str, ...]
+    extra: tuple[str, ...] = ()
+
+    @property
+    def argv(self) -> list[str]:
+        """``python -m phases <argv>``; modes and dtype are explicit, so the rows a cell must
+        write follow from its arguments alone, whatever machine reads them."""
+        return [
+            PHASE,
+            "--shape",
+            self.shape,
+            "--sdpa-backend",
+            self.backend,
+            "--modes",
+            *self.modes,
+            "--dtype",
+            DTYPE,
+            *self.extra,
+        ]
+
+    def expected_rows(self) -> list[dict]:
+        """The key and shape columns of the rows phase 01 writes for this cell."""
+        from common import SHAPES
+
+        shape = SHAPES.get(self.shape)
+        dims = (
+            {}
+            if shape is None
+            else {
+                "m_context": shape.m_context,
+                "n_target": shape.n_target,
+                "batch": shape.batch,
+                "tokens": shape.tokens,
+            }
+        )
+        return [
+            {
+                "variant": f"{mode}+sdpa-{self.backend}",
+                "shape": self.shape,
+                "dtype": DTYPE,
+                "mode": mode,
+                "sdpa_backend": self.backend,
+                **dims,
+            }
+            for mode in self.modes
+        ]
+
+
+def _words(value: str) -> tuple[str, ...]:
+    return tuple(value.replace(",", " ").split())
+
+
+def cells(env: dict | None = None) -> list[Cell]:
+    """The matrix the environment asks for, in array-index order."""
+    env = os.environ if env is None else env
+    kind = env.get("TRITONLAB_MATRIX", "gpu")
+    if kind not in PRESETS:
+        raise ValueError(f"TRITONLAB_MATRIX: unknown {kind!r}; expected one of {', '.join(PRESETS)}")
+    preset = PRESETS[kind]
+    shapes = _words(env.get("TRITONLAB_MATRIX_SHAPES", "")) or preset["shapes"]
+    backends = _words(env.get("TRITONLAB_MATRIX_BACKENDS", "")) or preset["backends"]
+    extra = preset["extra"] + tuple(shlex.split(env.get("TRITONLAB_MATRIX_ARGS", "")))
+    # The phase checks shapes and backends itself: a bad one makes a failure row, like any failed cell.
+    return [Cell(shape, backend, preset["modes"], extra) for shape in shapes for backend in backends]
+
+
+def array_range(matrix: list[Cell]) -> str:
+    if not matrix:
+        raise ValueError("the matrix is empty: check TRITONLAB_MATRIX_SHAPES and TRITONLAB_MATRIX_BACKENDS")
+    return f"0-{len(matrix) - 1}"
+
+
+def _cell(index: int) -> Cell:
+    matrix = cells()
+    if not 0 <= index < len(matrix):
+        raise SystemExit(f"cell index: expected 0..{len(matrix) - 1}, got {index}")
+    return matrix[index]
+
+
+# --- failure rows --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def as_array_task(array_job_id: str, task_id: int):
+    """Rows written inside carry this array task's ids (and join its run group), as if the task
+    had written them itself."""
+    saved = {key: os.environ.get(key) for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")}
+    os.environ.update({"SLURM_ARRAY_JOB_ID": str(array_job_id), "SLURM_ARRAY_TASK_ID": str(task_id)})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def rows_of_task(array_job_id: str, task_id: int) -> list[dict]:
+    """Every row an array task has written (its CSVs are named after it: ``*-a<job>_<task>.csv``)."""
+    from common.results import data_dir
+
+    rows = []
+    for path in sorted((data_dir() / PHASE).glob(f"*-a{array_job_id}_{task_id}.csv")):
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+def record_missing(cell: Cell, error: str) -> list[dict]:
+    """A failure row for each row ``cell`` should have written in this array task and did not."""
+    from common import ResultWriter
+
+    job, task = os.environ["SLURM_ARRAY_JOB_ID"], int(os.environ["SLURM_ARRAY_TASK_ID"])
+    written = {(row["variant"], row["shape"]) for row in rows_of_task(job, task)}
+    missing = [row for row in cell.expected_rows() if (row["variant"], row["shape"]) not in written]
+    if not missing:
+        return []
+    writer = ResultWriter(PHASE)
+    return [writer.write({**row, "status": "error", "error": error[:500]}) for row in missing]
+
+
+def run_cell(index: int) -> int:
+    """Run one cell as a child process, echoing its output; if it fails, record why."""
+    cell = _cell(index)
+    cmd = [sys.executable, "-m", "phases", *cell.argv]
+    print(f"cell {index}: {shlex.join(cmd)}", flush=True)
+    tail: deque[str] = deque(maxlen=50)
+    with subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace") as proc:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            tail.append(line.strip())
+    if proc.returncode == 0:
+        return 0
+    how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+    last = next((line for line in reversed(tail) if line), "no output on stderr")
+    rows = record_missing(cell, f"phase process ended with {how}: {last}")
+    print(f"cell {index}: {how}; recorded {len(rows)} failure row(s)", file=sys.stderr, flush=True)
+    return 1
+
+
+def _job_state(job: str) -> str:
+    """The Slurm state of a job or array task, while slurmctld still remembers it ('' if not)."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    fields = dict(word.split("=", 1) for word in out.stdout.split() if "=" in word)
+    return fields.get("JobState", "")
+
+
+def collect(array_job_id: str) -> None:
+    """Once the whole array has ended: fill the gaps with failure rows, then re-render the reports."""
+    from common.report import render_all
+
+    for index, cell in enumerate(cells()):
+        with as_array_task(array_job_id, index):
+            state = _job_state(f"{array_job_id}_{index}") or "unknown"
+            rows = record_missing(
+                cell, f"array task {array_job_id}_{index} wrote no row (Slurm state {state})"
+            )
+        if rows:
+            print(f"cell {index} ({state}): recorded {len(rows)} failure row(s)")
+    for path in render_all():
+        print(f"report: {path}")
+
+
+# --- resubmission --------------------------------------------------------------------------------
+
+# scontrol's field -> the sbatch flag that sets it. Placement only: what the job asked for, so the
+# array and the collector land where the user sent the launcher.
+_PLACEMENT = {
+    "Partition": "--partition",
+    "Account": "--account",
+    "QOS": "--qos",
+    "Reservation": "--reservation",
+}
+_RESOURCES = {"TimeLimit": "--time", "Features": "--constraint", "JobName": "--job-name"}
+
+
+def forward_flags(scontrol_line: str, placement_only: bool = False) -> list[str]:
+    """The sbatch flags that reproduce a job's placement and resources, from ``scontrol show job -o``."""
+    fields = dict(word.split("=", 1) for word in scontrol_line.split() if "=" in word)
+    unset = {"", "(null)", "UNLIMITED", "Partition_Limit", "None", "N/A"}
+    wanted = _PLACEMENT if placement_only else {**_PLACEMENT, **_RESOURCES}
+    flags = [f"{flag}={fields[key]}" for key, flag in wanted.items() if fields.get(key, "") not in unset]
+    if placement_only:
+        return flags
+    # GPUs: --gres shows as TresPerNode=gres:gpu:h100:1 (gres/gpu:... in newer Slurm), --gpus as TresPerJob.
+    for key, flag in (("TresPerNode", "--gres"), ("TresPerJob", "--gpus")):
+        for tres in fields.get(key, "").split(","):
+            if tres.startswith(("gres:gpu", "gres/gpu")):
+                value = tres[len("gres:") :]
+                flags.append(f"{flag}={value if flag == '--gres' else value.partition(':')[2]}")
+    if fields.get("CPUs/Task", "1") not in unset | {"1"}:
+        flags.append(f"--cpus-per-task={fields['CPUs/Task']}")
+    if fields.get("MinMemoryNode", "0") not in unset | {"0"}:
+        flags.append(f"--mem={fields['MinMemoryNode']}")
+    return flags
+
+
+def forward(job_id: str, placement_only: bool) -> list[str]:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True, timeout=30
+    )
+    return forward_flags(out.stdout, placement_only)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurm.matrix", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("list", help="the cells and the array size (the default)")
+    sub.add_parser("array", help="the --array range")
+    sub.add_parser("run-cell", help="run one cell; a dead process becomes failure rows").add_argument(
+        "index", type=int
+    )
+    sub.add_parser("collect", help="fill gaps with failure rows, re-render reports").add_argument(
+        "array_job_id"
+    )
+    fwd = sub.add_parser("forward", help="sbatch flags to resubmit like a given job")
+    fwd.add_argument("job_id")
+    fwd.add_argument("--placement-only", action="store_true", help="partition, account, QOS, reservation")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command in (None, "list"):
+            matrix = cells()
+            for index, cell in enumerate(matrix):
+                print(f"{index:3d}  python -m phases {shlex.join(cell.argv)}")
+            print(f"array size: {len(matrix)} (--array={array_range(matrix)})")
+        elif args.command == "array":
+            print(array_range(cells()))
+        elif args.command == "run-cell":
+            return run_cell(args.index)
+        elif args.command == "collect":
+            collect(args.array_job_id)
+        elif args.command == "forward":
+            print(shlex.join(forward(args.job_id, args.placement_only)))
+    except ValueError as err:
+        parser.error(str(err))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""`sbatch slurm/run_matrix.sbatch` on a real local Slurm cluster, CPU matrix, tiny shape.
+
+Submits the real template (GPU request included: the local node has fake GPUs), waits for the
+launcher, the array and the collector, then checks what a user would look at: a CSV row for every
+cell carrying its Slurm ids, every log, and the report the collector re-rendered.
+"""
+
+import csv
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm.matrix import PHASE, cells
+
+from .conftest import job_env
+
+pytestmark = pytest.mark.slurm
+
+TIMEOUT_S = 240
+
+
+def submit_matrix(cluster, checkout: Path, env: dict) -> dict:
+    """Submit the matrix as a user would, wait until the queue is empty; returns the job ids."""
+    out = subprocess.run(
+        ["sbatch", "--parsable", "slurm/run_matrix.sbatch"],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, f"sbatch failed:\n{out.stderr}"
+    launcher = out.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + TIMEOUT_S
+    while cluster.run("squeue", "-h", "-o", "%i").stdout.strip():
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"jobs still queued after {TIMEOUT_S} s:\n{cluster.run('squeue').stdout}\n"
+                f"{all_logs(checkout)}\n{cluster.logs()}"
+            )
+        time.sleep(0.5)
+    launcher_log = checkout / "reports" / "logs" / f"tritonlab-matrix-{launcher}.out"
+    assert launcher_log.exists(), f"no launcher log\n{all_logs(checkout)}\n{cluster.logs()}"
+    found = re.search(r"array job (\d+) .* collector job (\d+)", launcher_log.read_text())
+    assert found, f"the launcher did not submit the array:\n{all_logs(checkout)}"
+    return {"launcher": launcher, "array": found[1], "collector": found[2]}
+
+
+def job_state(cluster, job: str) -> str:
+    out = cluster.run("scontrol", "show", "job", "-o", job).stdout
+    return re.search(r"JobState=(\S+)", out)[1]
+
+
+def all_logs(checkout: Path) -> str:
+    logs = sorted((checkout / "reports" / "logs").glob("*.out"))
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
+
+
+def read_rows(checkout: Path) -> list[dict]:
+    rows = []
+    for path in sorted((checkout / "reports" / "data" / PHASE).glob("*.csv")):
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+def check_cell_rows(rows: list[dict], matrix, jobs: dict) -> dict[str, dict]:
+    """Exactly one row per variant of every cell, from that cell's array task; returns them by variant.
+    (The checkout may hold rows of earlier runs, committed ones: those are left alone.)"""
+    rows = [r for r in rows if r["slurm_array_job_id"] == jobs["array"]]
+    by_variant = {}
+    for index, cell in enumerate(matrix):
+        for expected in cell.expected_rows():
+            found = [
+                r for r in rows if r["variant"] == expected["variant"] and r["shape"] == expected["shape"]
+            ]
+            assert len(found) == 1, f"cell {index} {expected['variant']}: {len(found)} rows"
+            row = found[0]
+            assert row["slurm_array_job_id"] == jobs["array"], row
+            assert row["slurm_array_task_id"] == str(index), row
+            assert row["run_group"] == jobs["array"], "a matrix's cells must form one run group"
+            assert row["slurm_job_id"], row
+            assert row["phase"] == PHASE and row["dtype"] == expected["dtype"]
+            by_variant[row["variant"]] = row
+    assert len(rows) == len(by_variant), "rows that belong to no cell"
+    return by_variant
+
+
+def test_matrix_writes_a_row_per_cell_and_the_report(cluster, checkout):
+    env = job_env(cluster, TRITONLAB_MATRIX="cpu")
+    matrix = cells(env)
+    assert len(matrix) >= 2
+    jobs = submit_matrix(cluster, checkout, env)
+    logs = all_logs(checkout)
+
+    assert job_state(cluster, jobs["collector"]) == "COMPLETED", logs
+    for index in range(len(matrix)):
+        assert job_state(cluster, f"{jobs['array']}_{index}") == "COMPLETED", logs
+        assert (checkout / "reports" / "logs" / f"tritonlab-matrix-{jobs['array']}_{index}.out").exists()
+    rows = check_cell_rows(read_rows(checkout), matrix, jobs)
+    for row in rows.values():
+        assert row["status"] == "ok", row
+        assert float(row["step_ms"]) > 0 and float(row["tokens_per_s"]) > 0, row
+
+    report = checkout / "reports" / f"{PHASE}.md"
+    collector_log = (checkout / "reports" / "logs" / f"tritonlab-collect-{jobs['collector']}.out").read_text()
+    assert f"report: {report}" in collector_log, collector_log
+    text = report.read_text()
+    for variant in rows:
+        assert variant in text, f"{variant} missing from the report:\n{text}"
+    assert (checkout / "reports" / "README.md").exists()
+
+    # The same cell run directly, without Slurm, writes rows and a report of the same form.
+    before = set((checkout / "reports" / "data" / PHASE).glob("*.csv"))
+    direct = subprocess.run(
+        [sys.executable, "-m", "phases", *matrix[0].argv],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    (direct_csv,) = set((checkout / "reports" / "data" / PHASE).glob("*.csv")) - before
+    slurm_csv = next((checkout / "reports" / "data" / PHASE).glob(f"*-a{jobs['array']}_0.csv"))
+    with open(direct_csv, newline="") as f, open(slurm_csv, newline="") as g:
+        assert next(csv.reader(f)) == next(csv.reader(g))
+    headings = [line for line in text.splitlines() if line.startswith("#")]
+    assert [line for line in report.read_text().splitlines() if line.startswith("#")] == headings
+
+
+def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
+    # math runs; efficient has no CPU kernel, so phase 01 records the error itself; the unknown
+    # backend kills the phase process before it writes anything, so the array task records it.
+    env = job_env(cluster, TRITONLAB_MATRIX="cpu", TRITONLAB_MATRIX_BACKENDS="math efficient no-such-backend")
+    matrix = cells(env)
+    jobs = submit_matrix(cluster, checkout, env)
+    logs = all_logs(checkout)
+
+    assert job_state(cluster, jobs["collector"]) == "COMPLETED", logs
+    assert job_state(cluster, f"{jobs['array']}_2") == "FAILED", "a dead cell's task must fail in Slurm too"
+    rows = check_cell_rows(read_rows(checkout), matrix, jobs)
+    assert rows["eager+sdpa-math"]["status"] == "ok"
+    assert float(rows["eager+sdpa-math"]["step_ms"]) > 0
+    assert rows["eager+sdpa-efficient"]["status"] == "error"
+    assert rows["eager+sdpa-efficient"]["error"]
+    dead = rows["eager+sdpa-no-such-backend"]
+    assert dead["status"] == "error"
+    assert "exit code 2" in dead["error"] and "no-such-backend" in dead["error"], dead["error"]
+
+    text = (checkout / "reports" / f"{PHASE}.md").read_text()
+    assert "Cells that did not finish" in text, text
+    for variant in rows:
+        assert variant in text, f"{variant} missing from the report:\n{text}"

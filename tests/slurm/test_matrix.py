@@ -1,0 +1,146 @@
+"""slurm.matrix without a cluster: the cells, the array size, forwarded flags, failure rows."""
+
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from common.results import data_dir
+from slurm import matrix
+from slurm.matrix import PHASE, Cell, array_range, cells, forward_flags, record_missing, run_cell
+
+from .conftest import REPO
+
+
+def test_cpu_matrix_is_tiny_shape_by_cpu_backends():
+    cpu = cells({"TRITONLAB_MATRIX": "cpu"})
+    assert [(c.shape, c.backend) for c in cpu] == [("tiny", "math"), ("tiny", "flash")]
+    assert array_range(cpu) == "0-1"
+    assert cpu[0].argv[:7] == [PHASE, "--shape", "tiny", "--sdpa-backend", "math", "--modes", "eager"]
+
+
+def test_gpu_matrix_is_every_shape_by_every_backend_in_both_modes():
+    gpu = cells({})
+    assert len(gpu) == 3 * 4 and array_range(gpu) == "0-11"
+    assert {c.shape for c in gpu} == {"small", "mid", "large"}
+    assert {c.backend for c in gpu} == {"cudnn", "flash", "efficient", "math"}
+    assert [r["variant"] for r in gpu[0].expected_rows()] == ["eager+sdpa-cudnn", "compile+sdpa-cudnn"]
+
+
+def test_environment_overrides_shapes_backends_and_arguments():
+    env = {
+        "TRITONLAB_MATRIX_SHAPES": "mid,large",
+        "TRITONLAB_MATRIX_BACKENDS": "flash",
+        "TRITONLAB_MATRIX_ARGS": "--steps 20",
+    }
+    chosen = cells(env)
+    assert [(c.shape, c.backend) for c in chosen] == [("mid", "flash"), ("large", "flash")]
+    assert chosen[0].argv[-2:] == ["--steps", "20"]
+
+
+def test_bad_matrix_settings_are_named():
+    with pytest.raises(ValueError, match="TRITONLAB_MATRIX: unknown 'tpu'"):
+        cells({"TRITONLAB_MATRIX": "tpu"})
+    with pytest.raises(ValueError, match="matrix is empty"):
+        array_range([])
+
+
+def test_entry_point_prints_the_array_range():
+    out = subprocess.run(
+        [sys.executable, "-m", "slurm.matrix", "array"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"TRITONLAB_MATRIX": "cpu", "PATH": ""},
+        check=True,
+    )
+    assert out.stdout.strip() == "0-1"
+
+
+# What `scontrol show job -o` printed on Slurm 22.05 for `sbatch --time=5 --gres=gpu:1 ...`.
+SCONTROL = (
+    "JobId=2 JobName=tritonlab-matrix UserId=root(0) Account=(null) QOS=(null) JobState=RUNNING "
+    "TimeLimit=00:05:00 Partition=debug NumCPUs=1 CPUs/Task=1 MinMemoryNode=0 Features=(null) "
+    "Reservation=(null) Command=/x/slurm/run_matrix.sbatch TresPerNode=gres:gpu:1"
+)
+
+
+def test_forwarded_flags_reproduce_placement_and_resources():
+    assert forward_flags(SCONTROL) == [
+        "--partition=debug",
+        "--time=00:05:00",
+        "--job-name=tritonlab-matrix",
+        "--gres=gpu:1",
+    ]
+    assert forward_flags(SCONTROL, placement_only=True) == ["--partition=debug"]
+    custom = SCONTROL.replace("Account=(null)", "Account=proj").replace("CPUs/Task=1", "CPUs/Task=8")
+    custom = custom.replace("TresPerNode=gres:gpu:1", "TresPerNode=gres/gpu:h100:2")
+    flags = forward_flags(custom)
+    assert "--account=proj" in flags and "--cpus-per-task=8" in flags and "--gres=gpu:h100:2" in flags
+
+
+@pytest.fixture
+def array_task(monkeypatch):
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    monkeypatch.setenv("SLURM_JOB_ID", "80")
+
+
+def read_rows() -> list[dict]:
+    rows = []
+    for path in sorted((data_dir() / PHASE).glob("*.csv")):
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+def test_record_missing_fills_only_the_rows_a_cell_did_not_write(array_task):
+    from common import ResultWriter
+
+    cell = Cell("small", "flash", ("eager", "compile"))
+    ResultWriter(PHASE).write({**cell.expected_rows()[0], "step_ms": 1.5})
+    written = record_missing(cell, "phase process ended with exit code 1: boom")
+    assert [r["variant"] for r in written] == ["compile+sdpa-flash"]
+    assert record_missing(cell, "again") == []  # idempotent: the collector may run after run-cell
+    rows = {r["variant"]: r for r in read_rows()}
+    assert rows["eager+sdpa-flash"]["status"] == "ok"
+    failed = rows["compile+sdpa-flash"]
+    assert failed["status"] == "error" and failed["error"].endswith("boom")
+    assert (failed["slurm_array_job_id"], failed["slurm_array_task_id"], failed["run_group"]) == (
+        "77",
+        "3",
+        "77",
+    )
+
+
+def test_run_cell_turns_a_dead_phase_process_into_a_failure_row(array_task, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("TRITONLAB_MATRIX", "cpu")
+    monkeypatch.setenv("TRITONLAB_MATRIX_BACKENDS", "no-such-backend")
+    assert run_cell(0) == 1
+    (row,) = read_rows()
+    assert row["variant"] == "eager+sdpa-no-such-backend" and row["status"] == "error"
+    assert "exit code 2" in row["error"] and "no-such-backend" in row["error"]
+
+
+def test_collect_fills_cells_whose_task_never_ran(array_task, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITONLAB_MATRIX", "cpu")
+    monkeypatch.setattr(matrix, "_job_state", lambda job: "TIMEOUT")
+    matrix.collect("91")
+    rows = read_rows()
+    assert [(r["variant"], r["slurm_array_task_id"]) for r in rows] == [
+        ("eager+sdpa-math", "0"),
+        ("eager+sdpa-flash", "1"),
+    ]
+    assert all("Slurm state TIMEOUT" in r["error"] and r["run_group"] == "91" for r in rows)
+    assert (data_dir().parent / f"{PHASE}.md").exists()
+
+
+def test_log_directory_exists_in_a_clean_clone():
+    tracked = subprocess.run(["git", "ls-files", "reports/logs"], cwd=REPO, capture_output=True, text=True)
+    assert tracked.stdout.strip(), (
+        "reports/logs/ must exist in a fresh clone: Slurm cannot create the directory of "
+        "--output=reports/logs/..., and a job whose log cannot be opened dies at launch. "
+        "Track reports/logs/.gitkeep (.gitignore: `reports/logs/*` and `!reports/logs/.gitkeep`)."
+    )
