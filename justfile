@@ -33,3 +33,18 @@ lint:
 fmt:
     {{PY}} -m ruff check --fix .
     {{PY}} -m ruff format .
+
+# Slurm job for one phase on one GPU, e.g. `just slurm-phase 03 --shape mid` (SBATCH_* variables: slurm/README.md)
+slurm-phase NAME *ARGS:
+    mkdir -p reports/logs
+    sbatch --job-name=tritonlab-{{NAME}} slurm/phase.sbatch {{NAME}} {{ARGS}}
+
+# Slurm job array of the benchmark matrix, then the reports; ARGS are sbatch flags, e.g. --partition=gpu
+slurm-matrix *ARGS:
+    mkdir -p reports/logs
+    sbatch {{ARGS}} slurm/run_matrix.sbatch
+
+# Slurm: your queued and running jobs, and the newest logs under reports/logs/
+slurm-status:
+    squeue --me --format="%.12i %.24j %.9T %.10M %.10l %R"
+    @ls -t reports/logs 2>/dev/null | grep -v '^\.' | head -n 8 | sed 's|^|reports/logs/|' || true

@@ -7,6 +7,7 @@ cell carrying its Slurm ids, every log, and the report the collector re-rendered
 
 import csv
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +36,15 @@ def submit_matrix(cluster, checkout: Path, env: dict) -> dict:
     )
     assert out.returncode == 0, f"sbatch failed:\n{out.stderr}"
     launcher = out.stdout.strip().split(";")[0]
+    wait_for_empty_queue(cluster, checkout)
+    launcher_log = checkout / "reports" / "logs" / f"tritonlab-matrix-{launcher}.out"
+    assert launcher_log.exists(), f"no launcher log\n{all_logs(checkout)}\n{cluster.logs()}"
+    found = re.search(r"array job (\d+) .* collector job (\d+)", launcher_log.read_text())
+    assert found, f"the launcher did not submit the array:\n{all_logs(checkout)}"
+    return {"launcher": launcher, "array": found[1], "collector": found[2]}
+
+
+def wait_for_empty_queue(cluster, checkout: Path) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while cluster.run("squeue", "-h", "-o", "%i").stdout.strip():
         if time.monotonic() > deadline:
@@ -43,11 +53,6 @@ def submit_matrix(cluster, checkout: Path, env: dict) -> dict:
                 f"{all_logs(checkout)}\n{cluster.logs()}"
             )
         time.sleep(0.5)
-    launcher_log = checkout / "reports" / "logs" / f"tritonlab-matrix-{launcher}.out"
-    assert launcher_log.exists(), f"no launcher log\n{all_logs(checkout)}\n{cluster.logs()}"
-    found = re.search(r"array job (\d+) .* collector job (\d+)", launcher_log.read_text())
-    assert found, f"the launcher did not submit the array:\n{all_logs(checkout)}"
-    return {"launcher": launcher, "array": found[1], "collector": found[2]}
 
 
 def job_state(cluster, job: str) -> str:
@@ -156,3 +161,50 @@ def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
     assert "Cells that did not finish" in text, text
     for variant in rows:
         assert variant in text, f"{variant} missing from the report:\n{text}"
+
+
+def test_phase_job_both_ways_of_submitting(cluster, checkout):
+    """`just slurm-phase 01 ...` (positional arguments) and `sbatch --export=...,PHASE,ARGS`."""
+    just = shutil.which("just") or str(Path(sys.prefix) / "bin" / "just")
+    if not Path(just).exists():
+        pytest.skip("`just` is not installed (uv sync installs it with the dev group)")
+    env = job_env(cluster)
+    args = ["--shape", "tiny", "--sdpa-backend", "math", "--modes", "eager", "--steps", "1", "--warmup", "0"]
+    by_just = subprocess.run(
+        [just, "slurm-phase", "01", *args], cwd=checkout, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert by_just.returncode == 0, by_just.stderr
+    by_export = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--export=ALL,PHASE=01_baseline,ARGS={' '.join(args)}",
+            "slurm/phase.sbatch",
+        ],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert by_export.returncode == 0, by_export.stderr
+    jobs = {
+        re.search(r"Submitted batch job (\d+)", by_just.stdout)[1]: "tritonlab-01",
+        by_export.stdout.strip().split(";")[0]: "tritonlab-phase",
+    }
+    wait_for_empty_queue(cluster, checkout)
+
+    for job, name in jobs.items():
+        log = checkout / "reports" / "logs" / f"{name}-{job}.out"
+        assert job_state(cluster, job) == "COMPLETED", all_logs(checkout)
+        assert "rows: " in log.read_text(), log.read_text()
+        (csv_path,) = (checkout / "reports" / "data" / PHASE).glob(f"*-j{job}.csv")
+        with open(csv_path, newline="") as f:
+            (row,) = csv.DictReader(f)
+        assert (row["variant"], row["status"], row["slurm_job_id"], row["slurm_array_job_id"]) == (
+            "eager+sdpa-math",
+            "ok",
+            job,
+            "",
+        )
+    assert "eager+sdpa-math" in (checkout / "reports" / f"{PHASE}.md").read_text()
