@@ -7,10 +7,12 @@ of the copy bandwidth measured in the same run on a ``clone()`` moving as many b
 """
 
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch._functorch.config
 
 import common
 from common import ResultWriter, bench, failure_row, measure_peak_memory
@@ -194,6 +196,8 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
 
 @functools.cache
 def _compiled_fn(fn):
+    # Donated buffers would forbid the second backward (retain_graph) the "bwd" timer runs.
+    torch._functorch.config.donated_buffer = False
     return torch.compile(fn, dynamic=False)
 
 
@@ -268,6 +272,31 @@ def _timers(case: Case, fn: Callable, args: list) -> dict[str, Callable]:
     return {p: timers[p] for p in case.passes}
 
 
+def host_and_device_ms(fn: Callable, calls: int = 20) -> tuple[float, float]:
+    """What one call costs the CPU (Python, autograd, launches; the GPU is not waited for) and the GPU
+    (the sum of its kernels' durations, from the profiler). When the first is the larger, the cell is
+    bound by the host, not by the kernels -- at small shapes, a CUDA graph or a compiled region would
+    hide it. NaN where the profiler is not available."""
+    if not common.ON_GPU:
+        return float("nan"), float("nan")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host_ms = (time.perf_counter() - start) * 1e3 / calls
+    torch.cuda.synchronize()
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        device_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / calls
+    except Exception:  # the profiler is optional evidence, never a reason to lose the cell
+        device_ms = float("nan")
+    return host_ms, device_ms
+
+
 _COPY_GBPS: dict[int, float] = {}
 
 
@@ -322,6 +351,7 @@ def run_case(case: Case, variants, passes, writer: ResultWriter, bench_kw: dict,
                     f"{row['error'][:150]}"
                 )
                 continue
+            host_ms, device_ms = host_and_device_ms(timers[name])
             nbytes = case.bytes[name]
             gbps = nbytes / timing.ms / 1e6
             copy = copy_gbps(nbytes, bench_kw)
@@ -337,11 +367,14 @@ def run_case(case: Case, variants, passes, writer: ResultWriter, bench_kw: dict,
                     "rel_err": err,
                     "extra_mem_gb": extra_gb,
                     "inputs_gb": inputs_gb,
+                    "host_ms": host_ms,
+                    "device_ms": device_ms,
                 }
             )
             print(
                 f"  {case.kernel:13s} {case.shape:>13s} {variant:8s} {name:8s} {timing.ms:9.4f} ms "
-                f"{gbps:8.1f} GB/s ({100 * gbps / copy:5.1f}% of copy)  err {err:.1e}  +{extra_gb:.2f} GB"
+                f"{gbps:8.1f} GB/s ({100 * gbps / copy:5.1f}% of copy)  err {err:.1e}  +{extra_gb:.2f} GB  "
+                f"host {host_ms:.3f} / device {device_ms:.3f} ms"
             )
         del args, timers
     del ref

@@ -85,10 +85,9 @@ def _cross_entropy_fwd_kernel(
             for start in range(0, n_cols, BLOCK_V):
                 cols = start + tl.arange(0, BLOCK_V)
                 mask = cols < n_cols
-                x = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(
-                    tl.float32
-                )
-                p = tl.exp(x - lse)
+                # (a new name: reusing sweep 1's `x` would make it a loop-carried variable of another type)
+                logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+                p = tl.exp(logit.to(tl.float32) - lse)
                 g = tl.where(cols == target, p - 1.0, p) * scale
                 tl.store(
                     row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first"

@@ -37,6 +37,8 @@ def _kernel_table(rows: pd.DataFrame) -> pd.DataFrame:
             best = bases.loc[bases["ms"].idxmin()]
             line["best other"] = best["variant"]
             line["speedup vs best"] = best["ms"] / ours["ms"]
+        for column, key in (("ours host ms", "host_ms"), ("ours device ms", "device_ms")):
+            line[column] = ours.get(key, float("nan")) if ours is not None else float("nan")
         line["ours extra GB"] = ours["extra_mem_gb"] if ours is not None else float("nan")
         line["ours rel err"] = ours["rel_err"] if ours is not None else float("nan")
         lines.append(line)
@@ -95,7 +97,16 @@ def _goals(ok: pd.DataFrame) -> str:
                 continue
             best = others.loc[others["ms"].idxmin()]
             if best["ms"] < mine.iloc[0]:
-                slower.append(f"{shape} {pass_}: {best['variant']} {mine.iloc[0] / best['ms']:.2f}x faster")
+                ours = cell.loc[cell["variant"] == "ours"].iloc[0]
+                host, device = ours.get("host_ms", float("nan")), ours.get("device_ms", float("nan"))
+                why = (
+                    f" (ours host-bound: {host:.3f} ms of CPU per call, {device:.3f} ms of kernels)"
+                    if host > device
+                    else ""
+                )
+                slower.append(
+                    f"{shape} {pass_}: {best['variant']} {mine.iloc[0] / best['ms']:.2f}x faster{why}"
+                )
         lines.append(f"| {kernel} | all | all | | | {'; '.join(slower) if slower else 'never'} |")
     ce = ok.loc[
         (ok["kernel"] == "cross_entropy") & (ok["shape"] == CE_GOAL_SHAPE) & (ok["variant"] == "ours")
@@ -149,7 +160,10 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "every cell checked against the eager function on fp32 inputs before it is timed (`rel err`). "
         "GB/s counts each input read once and each output written once; `% copy` compares it with a "
         "`clone()` moving as many bytes, measured in the same run. `extra GB` is the memory a forward+backward "
-        "allocates beyond its inputs. Speedups are the best alternative's time over ours (> 1: ours is faster).\n",
+        "allocates beyond its inputs. Speedups are the best alternative's time over ours (> 1: ours is faster). "
+        "`host ms` is the CPU time of one call (Python, autograd, launches; measured without waiting for the GPU), "
+        "`device ms` the sum of its kernels' durations (profiler): where host > device, the cell measures "
+        "launch overhead, not kernels.\n",
         "\n## Final table\n\nAt each kernel's largest measured shape; the base is the fastest of eager, "
         "compile and Liger there.\n\n",
         _final_table(ok),

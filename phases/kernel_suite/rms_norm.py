@@ -159,7 +159,7 @@ class RMSNormFunction(torch.autograd.Function):
             num_warps=num_warps,
         )
         dw = torch.empty_like(weight)
-        block_c = min(256, triton.next_power_of_2(n_cols))
+        block_c = min(64, triton.next_power_of_2(n_cols))  # narrow column strips: many programs
         _sum_partials_kernel[(triton.cdiv(n_cols, block_c),)](
             partial, dw, n_programs, n_cols, BLOCK_P=32, BLOCK_C=block_c, num_warps=4
         )
