@@ -69,7 +69,7 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def persistent_programs(n_work: int, per_sm: int = 2) -> int:
+def persistent_programs(n_work: int, per_sm: float = 2) -> int:
     """How many programs a persistent kernel launches: ``per_sm`` per SM on a GPU, a handful in the interpreter."""
-    slots = _sm_count(torch.cuda.current_device()) * per_sm if common.ON_GPU else 4
+    slots = int(_sm_count(torch.cuda.current_device()) * per_sm) if common.ON_GPU else 4
     return max(1, min(n_work, slots))

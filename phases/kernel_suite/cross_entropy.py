@@ -32,6 +32,7 @@ from .checks import as_rows, check_float, persistent_programs
 
 BLOCK_V = 16384 if common.ON_GPU else 512  # the interpreter is faster with small blocks
 NUM_WARPS = 32
+PROGRAMS_PER_SM = 1.0  # rows in flight = programs: their logits must fit in L2 for sweep 2
 
 
 @triton.jit
@@ -129,7 +130,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             grad = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         n_valid = (target != ignore_index).sum()
-        _cross_entropy_fwd_kernel[(persistent_programs(n_rows, per_sm=1),)](
+        _cross_entropy_fwd_kernel[(persistent_programs(n_rows, PROGRAMS_PER_SM),)](
             rows,
             target,
             loss_rows,

@@ -18,6 +18,8 @@ import common  # noqa: F401  -- decides interpreter mode before any @triton.jit
 
 from .checks import as_rows, check_float, check_row_width, persistent_programs, row_block_settings
 
+BWD_WARPS_PER_SM = 32
+
 
 @triton.jit
 def _rms_norm_fwd_kernel(
@@ -139,8 +141,9 @@ class RMSNormFunction(torch.autograd.Function):
         n_rows, n_cols = x2.shape
         dx = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
         block_m, block_n, num_warps = row_block_settings(n_cols)
-        # Two programs per SM (one at 32 warps): the SM is full, and the partial sums stay small.
-        n_programs = persistent_programs(triton.cdiv(n_rows, block_m), per_sm=1 if num_warps == 32 else 2)
+        # As many programs as fill BWD_WARPS_PER_SM warps on each SM; few enough that the partial sums stay small.
+        per_sm = max(1, BWD_WARPS_PER_SM // num_warps)
+        n_programs = persistent_programs(triton.cdiv(n_rows, block_m), per_sm)
         partial = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x2.device)
         _rms_norm_bwd_kernel[(n_programs,)](
             dy2,
