@@ -24,10 +24,10 @@ pytestmark = pytest.mark.slurm
 TIMEOUT_S = 240
 
 
-def submit_matrix(cluster, checkout: Path, env: dict) -> dict:
+def submit_matrix(cluster, checkout: Path, env: dict, *flags: str) -> dict:
     """Submit the matrix as a user would, wait until the queue is empty; returns the job ids."""
     out = subprocess.run(
-        ["sbatch", "--parsable", "slurm/run_matrix.sbatch"],
+        ["sbatch", "--parsable", *flags, "slurm/run_matrix.sbatch"],
         cwd=checkout,
         env=env,
         capture_output=True,
@@ -55,9 +55,13 @@ def wait_for_empty_queue(cluster, checkout: Path) -> None:
         time.sleep(0.5)
 
 
-def job_state(cluster, job: str) -> str:
+def job_field(cluster, job: str, field: str = "JobState") -> str:
     out = cluster.run("scontrol", "show", "job", "-o", job).stdout
-    return re.search(r"JobState=(\S+)", out)[1]
+    return re.search(rf"\b{re.escape(field)}=(\S*)", out)[1]
+
+
+def job_state(cluster, job: str) -> str:
+    return job_field(cluster, job, "JobState")
 
 
 def all_logs(checkout: Path) -> str:
@@ -143,11 +147,18 @@ def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
     # backend kills the phase process before it writes anything, so the array task records it.
     env = job_env(cluster, TRITONLAB_MATRIX="cpu", TRITONLAB_MATRIX_BACKENDS="math efficient no-such-backend")
     matrix = cells(env)
-    jobs = submit_matrix(cluster, checkout, env)
+    jobs = submit_matrix(cluster, checkout, env, "--time=00:20:00", "--partition=debug")
     logs = all_logs(checkout)
 
     assert job_state(cluster, jobs["collector"]) == "COMPLETED", logs
     assert job_state(cluster, f"{jobs['array']}_2") == "FAILED", "a dead cell's task must fail in Slurm too"
+    # The launcher's own sbatch flags reach the array (and placement the collector).
+    assert job_field(cluster, f"{jobs['array']}_0", "TimeLimit") == "00:20:00"
+    assert job_field(cluster, f"{jobs['array']}_0", "TresPerNode") == "gres:gpu:1"
+    assert job_field(cluster, jobs["collector"], "Partition") == "debug"
+    assert "gpu" not in cluster.run("scontrol", "show", "job", "-o", jobs["collector"]).stdout, (
+        "collector: no GPU"
+    )
     rows = check_cell_rows(read_rows(checkout), matrix, jobs)
     assert rows["eager+sdpa-math"]["status"] == "ok"
     assert float(rows["eager+sdpa-math"]["step_ms"]) > 0
