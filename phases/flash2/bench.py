@@ -364,6 +364,7 @@ TUNE_CANDIDATES = {
         TileConfig(64, 64, 4, 3),
         TileConfig(128, 128, 8, 2),
         TileConfig(128, 64, 8, 3),
+        TileConfig(64, 64, 8, 3),
     ],
     "dkdv": [
         TileConfig(64, 128, 8, 2),
@@ -372,6 +373,8 @@ TUNE_CANDIDATES = {
         TileConfig(64, 64, 4, 3),
         TileConfig(128, 128, 8, 2),
         TileConfig(32, 64, 4, 4),
+        TileConfig(32, 64, 4, 3),
+        TileConfig(64, 64, 8, 3),
     ],
 }
 

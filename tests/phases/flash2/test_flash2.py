@@ -149,6 +149,22 @@ def test_triton_interpreter_257_and_strided(poisoned):
     check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, True, TOL[torch.float32], lse_of)
 
 
+@pytest.mark.skipif(common.ON_GPU, reason="interpreter test")
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16)])
+def test_triton_interpreter_unequal_tiles(block_m, block_n, poisoned, monkeypatch):
+    """The GPU tiles differ per kernel (e.g. dK/dV with 32 queries x 64 keys): the diagonal and ragged
+    tile bookkeeping must hold when BLOCK_M != BLOCK_N too."""
+    for kernel in ("fwd", "dq", "dkdv"):
+        monkeypatch.setitem(
+            flash_triton.INTERPRETER_CONFIGS, kernel, flash2.TileConfig(block_m, block_n, 4, 1)
+        )
+    for n_q, n_k in [(50, 50), (33, 70), (70, 33)]:
+        q, k, v, grad_out = make_inputs(1, n_q, n_k, 16, torch.float32, seed=n_q)
+        check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, True, TOL[torch.float32], lse_of)
+    q, k, v, grad_out = make_inputs(1, 45, 45, 16, torch.float32)
+    check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, False, TOL[torch.float32], lse_of)
+
+
 GPU_CASES = [
     (1, 1, True),
     (17, 17, True),
@@ -211,3 +227,46 @@ def test_flops_count_attended_pairs():
     assert flash2.attention_flops(1, 4, 4, 8, True, "fwd") == 4 * 10 * 8  # 1 + 2 + 3 + 4 pairs
     assert flash2.attention_flops(1, 6, 4, 8, True, "fwd") == 4 * (10 + 2 * 4) * 8
     assert flash2.attention_flops(2, 4, 4, 8, True, "fwd+bwd") == 3.5 * 2 * 4 * 10 * 8
+
+
+# ----------------------------------------------------------------------------------------------
+# The scripts: arguments checked up front, and a tiny run of each part on the CPU
+# ----------------------------------------------------------------------------------------------
+
+flash2_main = importlib.import_module("phases.flash2.__main__")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["flash-bench", "--d", "24"],
+        ["attention-bench", "--seq", "0"],
+        ["flash-bench", "--tune-shape", "1", "64", "48"],
+    ],
+)
+def test_script_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit):
+        flash2_main.parse_args(argv)
+    assert "--" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(common.ON_GPU, reason="CPU smoke run")
+def test_scripts_write_rows(tmp_path):
+    import pandas as pd
+
+    def rows_of(argv):
+        flash2_main.main(argv)
+        paths = list((tmp_path / "data" / "flash2").glob("*.csv"))
+        rows = pd.concat(pd.read_csv(p) for p in paths)
+        for p in paths:  # two runs in one second and process would share a file name
+            p.unlink()
+        assert (rows["status"] == "ok").all(), rows[["variant", "error"]]
+        assert rows["ms"].gt(0).all()
+        return rows
+
+    naive = rows_of(["attention-bench", "--d", "16", "--seq", "16"])
+    assert set(naive["bench"]) == {"attention"} and set(naive["pass"]) == {"fwd", "bwd"}
+    flash = rows_of(["flash-bench", "--seq", "16", "--d", "16", "--dtype", "fp32"])
+    assert set(flash["variant"]) == {"triton", "naive", "sdpa-math"}
+    assert set(flash["pass"]) == {"fwd", "bwd", "fwd+bwd"}
+    assert (tmp_path / "flash2.md").exists()

@@ -1,0 +1,224 @@
+"""Render reports/flash2.md: the goals first, then flash-bench, attention-bench, compile-bench, tuning."""
+
+import pandas as pd
+
+from common.report import Figures, add_speedup, failures_table, markdown_table, select_latest
+
+KEYS = ["bench", "variant", "shape", "dtype", "pass", "causal"]
+GOAL_SHAPE = "B=16 N=16384 D=64"
+GOAL_MS = 4.0
+DEVICE_GB = 80.0  # H100 80GB HBM3
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df.loc[df["status"] == "ok"]
+
+
+def _goals(flash: pd.DataFrame) -> str:
+    out = ["## Goals\n"]
+    goal = _ok(
+        flash.loc[(flash["shape"] == GOAL_SHAPE) & (flash["pass"] == "fwd+bwd") & (flash["dtype"] == "bf16")]
+    )
+    if goal.empty:
+        out.append("_The goal shape has not been measured yet._\n")
+    else:
+        ms = goal.set_index("variant")["ms"]
+        line = ", ".join(f"{v} {ms[v]:.2f} ms" for v in ms.index)
+        ours = ms.get("triton")
+        if ours is not None:
+            verdict = (
+                "met"
+                if ours <= GOAL_MS
+                else f"missed by {ours - GOAL_MS:.2f} ms ({ours / GOAL_MS:.2f}x the goal)"
+            )
+            cudnn = ms.get("sdpa-cudnn")
+            vs = f"; {cudnn / ours:.2f}x SDPA cuDNN's speed" if cudnn else ""
+            out.append(
+                f"- (16, 16384, 64) causal bf16 forward+backward <= {GOAL_MS} ms: **{verdict}** -- Triton "
+                f"{ours:.2f} ms{vs}. Side by side: {line}.\n"
+            )
+    fwd = _ok(
+        flash.loc[(flash["pass"] == "fwd") & (flash["seq"] >= 4096) & flash["head_dim"].isin([64, 128])]
+    )
+    fwd = fwd.loc[fwd["dtype"] == "bf16"]
+    if not fwd.empty:
+        piv = fwd.pivot_table(
+            index=["head_dim", "seq", "batch"], columns="variant", values="tflops"
+        ).reset_index()
+        if {"triton", "sdpa-cudnn"} <= set(piv.columns):
+            piv["triton / cuDNN"] = piv["triton"] / piv["sdpa-cudnn"]
+            worst = piv["triton / cuDNN"].min()
+            verdict = (
+                "met"
+                if worst >= 1.0
+                else f"missed: worst cell at {worst:.2f}x, {(1 - worst) * 100:.0f}% short"
+            )
+            out.append(
+                f"- Forward >= 1.0x SDPA cuDNN TFLOP/s at seq >= 4096, d = 64 and 128 (bf16): **{verdict}**.\n\n"
+            )
+            cols = ["head_dim", "seq", "batch", "triton", "sdpa-cudnn", "triton / cuDNN"]
+            cols += [c for c in ("sdpa-flash",) if c in piv.columns]
+            out.append("Forward TFLOP/s, causal bf16:\n\n" + markdown_table(piv, cols))
+    return "\n".join(out) + "\n"
+
+
+def _flash(flash: pd.DataFrame, fig: Figures) -> str:
+    ok = _ok(flash)
+    if ok.empty:
+        return ""
+    out = [
+        "## flash-bench: FlashAttention-2 (Triton) against naive PyTorch and SDPA\n",
+        "Causal, (B, N, D) with B = 65536 // N so every length fills the GPU, plus the goal shape. TFLOP/s count "
+        "the useful work (forward 4*B*P*D over the P attended pairs, backward 2.5x that), the same formula for every "
+        "implementation. The forward is the training forward (it also writes the logsumexp). Every row passed an "
+        "error check against SDPA's fp32 memory-efficient kernel first (columns err_*: max relative error). fp32 "
+        "Triton runs its dots as TF32; SDPA's cuDNN and flash kernels take no fp32, so fp32 compares with SDPA's "
+        "memory-efficient kernel.\n",
+    ]
+    ok = add_speedup(
+        ok, ["bench", "shape", "dtype", "pass", "causal"], "sdpa-cudnn", column="speedup_vs_cudnn"
+    )
+    piv = ok.pivot_table(index=["dtype", "head_dim", "seq", "batch", "pass"], columns="variant", values="ms")
+    piv = piv.reset_index()
+    ours = ok.loc[
+        ok["variant"] == "triton", ["dtype", "head_dim", "seq", "batch", "pass", "tflops", "err_o", "err_dq"]
+    ]
+    piv = piv.merge(
+        ours.rename(columns={"tflops": "triton TFLOP/s"}), on=["dtype", "head_dim", "seq", "batch", "pass"]
+    )
+    if "sdpa-cudnn" in piv:
+        piv["triton vs cuDNN"] = piv["sdpa-cudnn"] / piv["triton"]
+    order = {"fwd": 0, "bwd": 1, "fwd+bwd": 2}
+    piv = piv.sort_values(
+        ["dtype", "head_dim", "seq", "pass"], key=lambda s: s.map(order) if s.name == "pass" else s
+    )
+    variants = [v for v in ("triton", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "naive") if v in piv]
+    cols = ["dtype", "head_dim", "seq", "batch", "pass", *variants, "triton TFLOP/s"]
+    cols += [c for c in ("triton vs cuDNN",) if c in piv] + ["err_o", "err_dq"]
+    out.append("Milliseconds per call (median), by implementation:\n\n" + markdown_table(piv, cols))
+    grid = ok.loc[ok["shape"] != GOAL_SHAPE]
+    for (dtype, head_dim, pass_), part in grid.groupby(["dtype", "head_dim", "pass"]):
+        if pass_ == "bwd" or part["seq"].nunique() < 2:
+            continue
+        out.append(
+            fig.line_plot(
+                part,
+                x="seq",
+                y="tflops",
+                series="variant",
+                name=f"tflops_{dtype}_d{head_dim}_{pass_}",
+                title=f"{pass_}, causal {dtype}, d={head_dim}: TFLOP/s against sequence length",
+                xlabel="sequence length N (B = 65536 // N)",
+                ylabel="TFLOP/s",
+                logx=True,
+            )
+        )
+    return "\n".join(out) + "\n"
+
+
+def _oom_arithmetic(df: pd.DataFrame) -> str:
+    """Work out the memory of one cell that ran out (or would have), from the shapes alone."""
+    oom = df.loc[df["status"] == "oom"]
+    if not oom.empty:
+        row = oom.iloc[0]
+        head = (
+            f"The cell {row['bench']} / {row['variant']} at {row['shape']} {row['dtype']} ran out of memory"
+        )
+    else:
+        ok = _ok(df.loc[df["bench"] == "attention"])
+        if ok.empty:
+            return ""
+        row = ok.sort_values(["seq", "head_dim"]).iloc[-1]
+        head = f"No naive cell ran out of memory on this {DEVICE_GB:.0f} GB GPU; the largest, {row['shape']} {row['dtype']}"
+    batch, n, d = int(row["batch"]), int(row["seq"]), int(row["head_dim"])
+    elt = 4 if row["dtype"] == "fp32" else 2
+    square = batch * n * n * elt / 1e9
+    text = (
+        f"\n**Memory of one cell.** {head}. Its score matrix alone is B x N x N x {elt} bytes = "
+        f"{batch} x {n} x {n} x {elt} = {square:.2f} GB, against {8 * batch * n * d * elt / 1e9:.3f} GB for q, k, v, O "
+        f"and their gradients. Autograd keeps the softmax output for the backward, which then builds dP and dS of "
+        f"the same size, while the forward briefly holds the scores next to the softmax: about 4 x {square:.2f} = "
+        f"{4 * square:.1f} GB at the peak"
+    )
+    if "peak_gb" in row and pd.notna(row.get("peak_gb")) and row.get("status") == "ok":
+        text += f" (measured: {row['peak_gb']:.1f} GB at the peak, {row['mem_before_bwd_gb']:.1f} GB before the backward)"
+    # Smallest N that would not fit, at this batch and dtype.
+    n_oom = int((DEVICE_GB * 1e9 / (4 * batch * elt)) ** 0.5)
+    text += (
+        f". At B={batch} in {row['dtype']} the peak passes {DEVICE_GB:.0f} GB from N of about {n_oom:,}.\n"
+    )
+    return text
+
+
+def _naive(df: pd.DataFrame) -> str:
+    att = df.loc[df["bench"] == "attention"]
+    if att.empty:
+        return ""
+    out = [
+        "## attention-bench: naive attention (einsum, softmax, einsum)\n",
+        "One head, non-causal; forward and backward timed separately (the backward re-runs on a retained graph); "
+        "memory in use after the forward, before the backward; peak over the cell.\n",
+    ]
+    ok = _ok(att)
+    piv = ok.pivot_table(
+        index=["dtype", "batch", "head_dim", "seq"], columns="pass", values="ms"
+    ).reset_index()
+    mem = ok.loc[
+        ok["pass"] == "fwd",
+        ["dtype", "batch", "head_dim", "seq", "mem_before_bwd_gb", "peak_gb", "mem_estimate_gb"],
+    ]
+    piv = piv.merge(mem, on=["dtype", "batch", "head_dim", "seq"]).rename(
+        columns={"fwd": "fwd ms", "bwd": "bwd ms"}
+    )
+    out.append(markdown_table(piv))
+    out.append(_oom_arithmetic(df))
+    return "\n".join(out) + "\n"
+
+
+def _compile(df: pd.DataFrame) -> str:
+    comp = _ok(df.loc[df["bench"] == "compile"])
+    if comp.empty:
+        return ""
+    out = [
+        "## compile-bench: torch.compile'd naive attention against eager\n",
+        "Same grid; `torch.compile(naive_attention, dynamic=True)` -- one graph for every shape. The compiled "
+        "output is checked against eager's on each cell (max_err_vs_eager).\n",
+    ]
+    piv = comp.pivot_table(
+        index=["dtype", "batch", "head_dim", "seq", "pass"], columns="variant", values="ms"
+    ).reset_index()
+    if {"eager", "compile"} <= set(piv.columns):
+        piv["compile speedup"] = piv["eager"] / piv["compile"]
+    peak = comp.loc[comp["pass"] == "fwd"].pivot_table(
+        index=["dtype", "batch", "head_dim", "seq"], columns="variant", values="peak_gb"
+    )
+    peak.columns = [f"peak GB {c}" for c in peak.columns]
+    piv = piv.merge(peak.reset_index(), on=["dtype", "batch", "head_dim", "seq"])
+    out.append(markdown_table(piv))
+    return "\n".join(out) + "\n"
+
+
+def _tune(df: pd.DataFrame) -> str:
+    tune = df.loc[df["bench"] == "tune"]
+    if tune.empty:
+        return ""
+    cols = [
+        c for c in ["shape", "dtype", "pass", "variant", "status", "ms", "tflops", "in_table"] if c in tune
+    ]
+    return (
+        "## Tile tuning (`flash-bench --tune`)\n\nEach kernel's candidate tiles (m = BLOCK_M queries, n = BLOCK_N "
+        "keys, w = warps, s = pipeline stages) on one shape; dq and dkdv are timed as the whole backward with "
+        "the other kernel at the table's tiles; TFLOP/s of the pass they belong to. `in_table` marks the "
+        "choice in GPU_CONFIGS at the time of the run.\n\n"
+        + markdown_table(tune.sort_values(["shape", "pass", "ms"]), cols)
+    )
+
+
+def render(df: pd.DataFrame, fig: Figures) -> str:
+    for col, default in (("bench", ""), ("pass", ""), ("causal", False)):
+        if col not in df:
+            df[col] = default
+    df = select_latest(df, KEYS)
+    flash = df.loc[df["bench"] == "flash"]
+    parts = [_goals(flash), _flash(flash, fig), _naive(df), _compile(df), _tune(df)]
+    return "\n".join(p for p in parts if p) + failures_table(df)
