@@ -16,6 +16,7 @@ from .attention import (
     last_forward_config,
     shape_bucket,
     strides4,
+    tuning_bench,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "last_forward_config",
     "shape_bucket",
     "strides4",
+    "tuning_bench",
 ]

@@ -4,10 +4,10 @@
     python -m phases.02_attn_fwd --shape mid --sweep      # and the Lk sweep, Lq = 1.1 Lk
 
 The TransformerNP's attention is rectangular: Lq = M+N queries over Lk = M context keys, with no
-mask. ``attention_forward`` (attention.py) computes it with one program per block of 128 query rows
-that streams K and V through an online softmax. Two tile loaders are measured side by side:
-``triton-tma`` (tensor descriptors: Hopper's TMA engine copies tiles to shared memory
-asynchronously) and ``triton-blockptr`` (block pointers: ordinary loads). Every cell is checked
+mask. ``attention_forward`` (attention.py) computes it with one program per block of query rows that
+streams K and V through an online softmax. ``triton`` lets the autotuner choose tiles and the tile
+loader -- tensor descriptors (Hopper's TMA engine copies tiles to shared memory asynchronously) or
+block pointers (ordinary loads); ``triton-blockptr`` pins block pointers, for comparison. Every cell is checked
 against SDPA (max abs error < 1e-2 in bf16) before it is timed; the chosen autotuning config is
 recorded in each row. Afterwards reports/02_attn_fwd.md is re-rendered.
 """
@@ -31,7 +31,7 @@ def main(argv=None) -> None:
         + ("" if ON_GPU else " -- not used in the interpreter, which runs one fixed small config")
     )
     variants = {
-        "triton-tma": partial(attention_forward, impl="tma"),
+        "triton": attention_forward,  # the autotuner picks tiles and loader (TMA or block pointers)
         "triton-blockptr": partial(attention_forward, impl="blockptr"),
         **sdpa_variants(),
     }

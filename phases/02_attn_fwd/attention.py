@@ -23,7 +23,7 @@ from common import ON_GPU
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-IMPLS = ("tma", "blockptr")
+IMPLS = ("auto", "tma", "blockptr")
 
 
 # --- input checks, shared by the backward phases ----------------------------------------------
@@ -97,16 +97,21 @@ def _softmax_step(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Fold one K/V tile into the running (acc, m, l) of a query block; k_t is K transposed."""
-    s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+    """Fold one K/V tile into the running (acc, m, l) of a query block; k_t is K transposed.
+
+    The row maximum is taken on the raw scores and scaled once per row, so each score costs a
+    single fused multiply-add (scale, subtract max) before its exp2; P·V accumulates into acc
+    inside the dot.
+    """
+    s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
     if MASK_COLS:  # only the tail tile: keys past Lk get no weight
         cols = col_start + tl.arange(0, BLOCK_N)
         s = tl.where((cols < Lk)[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -138,12 +143,14 @@ def _attn_fwd_kernel(
     Lq,
     Lk,
     LQ_BUCKET,
-    LK_BUCKET,  # autotuning keys only
+    LK_BUCKET,
+    IMPL_CHOICE,  # autotuning keys only
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUP_BH: tl.constexpr,
     USE_TMA: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # Program order: tl.swizzle2d groups GROUP_BH heads per column of query blocks, so the
@@ -184,7 +191,7 @@ def _attn_fwd_kernel(
 
     # Steady state: full K tiles, no masks, no boundary checks.
     n_full = Lk // BLOCK_N
-    for j in range(n_full):
+    for j in tl.range(n_full, warp_specialize=WARP_SPECIALIZE):
         if USE_TMA:
             k_t = tl.trans(k_desc.load([j * BLOCK_N, 0]))
             v = v_desc.load([j * BLOCK_N, 0])
@@ -225,16 +232,22 @@ def _attn_fwd_kernel(
 
 # --- autotuning: the search space, and the one fixed config of the interpreter -----------------
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages); the search space phase 11 starts from.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, loader): the search space phase 11 starts from.
+# The loader is part of the search: TMA won at mid (long K), block pointers at small (one K tile,
+# where building the descriptors on the device costs more than it saves).
 FWD_SEARCH_SPACE = [
-    (128, 64, 4, 3),
-    (128, 64, 4, 4),
-    (128, 128, 8, 2),
-    (128, 128, 8, 3),
-    (128, 64, 8, 3),
-    (64, 64, 4, 3),
+    (128, 64, 8, 3, "tma"),
+    (128, 64, 4, 3, "tma"),
+    (128, 64, 4, 4, "tma"),
+    (128, 64, 8, 4, "tma"),
+    (128, 128, 8, 3, "tma"),
+    (64, 64, 4, 3, "blockptr"),
+    (128, 64, 4, 3, "blockptr"),
+    (128, 64, 8, 3, "blockptr"),
 ]
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "GROUP_BH": 1}
+IMPL_CHOICE = {"blockptr": 0, "tma": 1, "auto": 2}
+TMA_ONLY_FROM_LK = 16_384  # beyond this, tuning time is spent on TMA configs only
 
 
 def configs(space, **fixed) -> list:
@@ -245,7 +258,7 @@ def configs(space, **fixed) -> list:
     ]
 
 
-def _quick_bench(kernel_call, quantiles):
+def tuning_bench(kernel_call, quantiles):
     # Each candidate gets a short timing: at the large shape one call takes ~0.2 s.
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
@@ -256,30 +269,44 @@ def autotuned(kernel, space, prune, key=("LQ_BUCKET", "LK_BUCKET", "HEAD_DIM"), 
         configs(space, **fixed),
         key=list(key),
         prune_configs_by={"early_config_prune": prune},
-        do_bench=_quick_bench,
+        do_bench=tuning_bench,
     )(kernel)
 
 
 def _prune(configs, named_args, **kwargs):
-    # Configs whose tiles dwarf the problem waste the search; fp32 and D=128 need smaller tiles.
-    lk, d = named_args["Lk"], kwargs.get("HEAD_DIM", 64)
+    # The loaders the caller allows; tiles that dwarf the problem; fp32 / D=128 need smaller tiles.
+    lk, d, choice = named_args["Lk"], kwargs.get("HEAD_DIM", 64), named_args["IMPL_CHOICE"]
     big = named_args["Q"].element_size() * d > 256
+    allowed = {0: (False,), 1: (True,), 2: (True,) if lk >= TMA_ONLY_FROM_LK else (True, False)}[choice]
     kept = [
         c
         for c in configs
-        if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(lk))
+        if c.kwargs["USE_TMA"] in allowed
+        and c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(lk))
         and not (big and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 128 * 64)
     ]
-    return kept or configs[-1:]
+    return kept or [c for c in configs if c.kwargs["USE_TMA"] in allowed][-1:]
 
 
-_fwd_autotuned = autotuned(
-    _attn_fwd_kernel,
-    FWD_SEARCH_SPACE,
-    _prune,
-    key=("LQ_BUCKET", "LK_BUCKET", "HEAD_DIM", "USE_TMA"),
-    GROUP_BH=1,
-)
+_fwd_autotuned = triton.autotune(
+    [
+        triton.Config(
+            {
+                "BLOCK_M": bm,
+                "BLOCK_N": bn,
+                "GROUP_BH": 1,
+                "USE_TMA": loader == "tma",
+                "WARP_SPECIALIZE": False,
+            },
+            num_warps=w,
+            num_stages=st,
+        )
+        for bm, bn, w, st, loader in FWD_SEARCH_SPACE
+    ],
+    key=["LQ_BUCKET", "LK_BUCKET", "HEAD_DIM", "IMPL_CHOICE"],
+    prune_configs_by={"early_config_prune": _prune},
+    do_bench=tuning_bench,
+)(_attn_fwd_kernel)
 
 
 def _tma_allocator(size: int, alignment: int, stream):
@@ -296,7 +323,8 @@ def chosen_config(kernel, interpreter_config: dict = INTERPRETER_CONFIG) -> str:
     if cfg is None:
         return "interpreter:" + ",".join(f"{k}={v}" for k, v in interpreter_config.items())
     kw = cfg.kwargs
-    return f"BLOCK_M={kw['BLOCK_M']},BLOCK_N={kw['BLOCK_N']},warps={cfg.num_warps},stages={cfg.num_stages}"
+    loader = {True: ",tma", False: ",blockptr"}.get(kw.get("USE_TMA"), "")
+    return f"BLOCK_M={kw['BLOCK_M']},BLOCK_N={kw['BLOCK_N']},warps={cfg.num_warps},stages={cfg.num_stages}{loader}"
 
 
 def last_forward_config() -> str:
@@ -314,7 +342,7 @@ def strides4(t: torch.Tensor) -> tuple:
 
 # --- the entry point ---------------------------------------------------------------------------
 
-DEFAULT_IMPL = "tma"
+DEFAULT_IMPL = "auto"
 
 
 def attention_forward(
@@ -324,8 +352,9 @@ def attention_forward(
 
     q (B, H, Lq, D); k, v (B, H, Lk, D); any strides. Returns ``o`` (B, H, Lq, D) in q's dtype --
     a view of a (B, Lq, H, D) buffer, so the usual ``o.transpose(1, 2).reshape(B, Lq, H*D)`` is
-    free -- and ``lse`` float32 (B, H, Lq). ``impl`` picks the loads ("tma" or "blockptr");
-    the default is the faster on an H100, falling back to block pointers where TMA cannot go.
+    free -- and ``lse`` float32 (B, H, Lq). ``impl`` picks the loads: "tma", "blockptr", or
+    "auto" (the default), which lets the autotuner measure both; strides TMA cannot take
+    (D not contiguous, rows not 16-byte aligned) fall back to block pointers.
     """
     scale = check_inputs(q, k, v, scale)
     impl = impl or DEFAULT_IMPL
@@ -335,29 +364,14 @@ def attention_forward(
     Lk = k.shape[2]
     o = torch.empty((B, Lq, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    use_tma = impl == "tma" and tma_ok(q, k, v, o)
-    args = (
-        q,
-        k,
-        v,
-        o,
-        lse,
-        scale * LOG2E,
-        *strides4(q),
-        *strides4(k),
-        *strides4(v),
-        *strides4(o),
-        H,
-        Lq,
-        Lk,
-        shape_bucket(Lq),
-        shape_bucket(Lk),
-    )
-    meta = {"HEAD_DIM": D, "USE_TMA": use_tma, "DOT_PRECISION": dot_precision(q.dtype)}
+    choice = IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else IMPL_CHOICE["blockptr"]
+    args = (q, k, v, o, lse, scale * LOG2E, *strides4(q), *strides4(k), *strides4(v), *strides4(o))
+    args += (H, Lq, Lk, shape_bucket(Lq), shape_bucket(Lk), choice)
+    meta = {"HEAD_DIM": D, "DOT_PRECISION": dot_precision(q.dtype)}
     if ON_GPU:
-        grid = lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,)
-        _fwd_autotuned[grid](*args, **meta)
-    else:
+        _fwd_autotuned[lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,)](*args, **meta)
+    else:  # the interpreter: one fixed small config, TMA unless the caller or the strides rule it out
         grid = (triton.cdiv(Lq, INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
-        _attn_fwd_kernel[grid](*args, **meta, **INTERPRETER_CONFIG)
+        use_tma = choice != IMPL_CHOICE["blockptr"]
+        _attn_fwd_kernel[grid](*args, **meta, **INTERPRETER_CONFIG, USE_TMA=use_tma, WARP_SPECIALIZE=False)
     return o, lse

@@ -120,5 +120,5 @@ def render_attention(df: pd.DataFrame, fig: Figures, *, title: str, goals) -> st
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    goals = [("triton-tma", "mid", "sdpa-cudnn", 1.1), ("triton-tma", "large", "sdpa-cudnn", 1.1)]
+    goals = [("triton", "mid", "sdpa-cudnn", 1.1), ("triton", "large", "sdpa-cudnn", 1.1)]
     return render_attention(df, fig, title="Forward", goals=goals)

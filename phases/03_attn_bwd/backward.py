@@ -40,14 +40,15 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION: tl.cons
     """Add one query tile's share to a key block's dK (unscaled) and dV, working transposed.
 
     lse2 is the logsumexp in base 2 (``lse·log2 e``); rows of padding carry lse2 = +inf, so
-    their recomputed probabilities are exactly zero.
+    their recomputed probabilities are exactly zero. Also returns dSᵀ of the tile, from which a
+    caller that sees every key (phase 04, one key block) takes dQ for free.
     """
     p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
     dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
     dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
     ds_t = p_t * (dp_t - delta[None, :])
     dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
-    return dk, dv
+    return dk, dv, ds_t
 
 
 @triton.jit
@@ -218,12 +219,12 @@ def _dkdv_kernel(
         q = load_rows(q_base, stride_ql, stride_qd, row, Lq, BLOCK_M, HEAD_DIM, False)
         do = load_rows(do_base, stride_gl, stride_gd, row, Lq, BLOCK_M, HEAD_DIM, False)
         lse2, delta = load_row_stats(LSE, DELTA, bh_offset, row, Lq, BLOCK_M, False)
-        dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
+        dk, dv, _ = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
     if full_end < row_end:  # the partial last query tile of the last chunk
         q = load_rows(q_base, stride_ql, stride_qd, full_end, Lq, BLOCK_M, HEAD_DIM, True)
         do = load_rows(do_base, stride_gl, stride_gd, full_end, Lq, BLOCK_M, HEAD_DIM, True)
         lse2, delta = load_row_stats(LSE, DELTA, bh_offset, full_end, Lq, BLOCK_M, True)
-        dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
+        dk, dv, _ = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
 
     store_key_block(
         DK,

@@ -27,7 +27,7 @@ def main(argv=None) -> None:
     args = benchmark.parse_args("python -m phases.04_fused_attn", __doc__.splitlines()[0], argv)
     print(interpreter_banner())
     print(f"search space (BLOCK_M, BLOCK_N, num_warps, num_stages): {FUSED_SEARCH_SPACE}")
-    variants = {"triton-fused": attention, "triton-2pass": two_pass.attention, **benchmark.sdpa_variants()}
+    variants = {"triton-fused": attention, **benchmark.sdpa_variants()}
 
     def config_of(variant: str) -> dict:
         if variant == "triton-fused":
@@ -37,7 +37,12 @@ def main(argv=None) -> None:
         return {}
 
     writer = ResultWriter(PHASE)
-    benchmark.measure(writer, variants, args.cases, backward=True, config_of=config_of)
+    # Phase 03 runs side by side on the TNP shapes; the sweep (phase 03 has its own) skips it.
+    tnp_cases = [c for c in args.cases if not c.name.startswith("sweep")]
+    sweep_cases = [c for c in args.cases if c.name.startswith("sweep")]
+    with_two_pass = {**variants, "triton-2pass": two_pass.attention}
+    benchmark.measure(writer, with_two_pass, tnp_cases, backward=True, config_of=config_of)
+    benchmark.measure(writer, variants, sweep_cases, backward=True, config_of=config_of)
     print(f"rows: {writer.path}")
     if not args.no_report:
         print(f"report: {render_phase(PHASE)}")

@@ -13,8 +13,14 @@ on chip and writing its own gradient once:
 * query programs (the rest): own a query tile, loop over every K/V tile, accumulate dQ.
 
 Neither needs a preprocess launch: each computes Δ = rowsum(dO ∘ O) for the query tiles it
-reads, on chip, instead of reading a Δ written by a separate kernel. The tile maths is phase
-03's (``dkdv_tile``, ``dq_tile``), so 03 and 04 differ only in how the work is launched.
+reads, on chip, instead of reading a Δ written by a separate kernel. The two kinds of program
+get their own tile shapes (BLOCK_M1 x BLOCK_N1 for key programs, BLOCK_M2 x BLOCK_N2 for query
+programs), as phase 03's two kernels do.
+
+When all keys fit one key block (the small shape: M = 64), a key program sees every key, so
+its dSᵀ gives each query tile's *complete* dQ = scale·dS K: key programs write dQ too and the
+query programs are not launched -- one program per (batch·head, query chunk) computes all three
+gradients, reading Q, dO and O once. The tile maths is phase 03's (``dkdv_tile``, ``dq_tile``).
 """
 
 import importlib
@@ -30,24 +36,9 @@ bwd = importlib.import_module("phases.03_attn_bwd")
 
 
 @triton.jit
-def _load_query_tile(
-    q_base,
-    do_base,
-    o_base,
-    LSE,
-    bh_offset,
-    row,
-    Lq,
-    stride_ql,
-    stride_qd,
-    stride_gl,
-    stride_gd,
-    stride_ol,
-    stride_od,
-    BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    CHECK: tl.constexpr,
-):
+def _load_query_tile(q_base, do_base, o_base, LSE, bh_offset, row, Lq, stride_ql, stride_qd, stride_gl,
+                     stride_gd, stride_ol, stride_od, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     CHECK: tl.constexpr):  # fmt: skip
     """Q, dO, lse (base 2) and Δ of a query tile; Δ from O and dO on chip."""
     q = bwd.load_rows(q_base, stride_ql, stride_qd, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
     do = bwd.load_rows(do_base, stride_gl, stride_gd, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
@@ -61,59 +52,26 @@ def _load_query_tile(
 
 
 @triton.jit
+def _store_rows(base, stride_l, stride_d, row, Lq, tile, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    ptr = tl.make_block_ptr(base, (Lq, HEAD_DIM), (stride_l, stride_d), (row, 0), (BLOCK_M, HEAD_DIM), (1, 0))
+    tl.store(ptr, tile.to(base.dtype.element_ty), boundary_check=(0,))
+
+
+@triton.jit
 def _fused_bwd_kernel(
-    Q,
-    K,
-    V,
-    O,
-    DO,
-    LSE,
-    DQ,
-    DK,
-    DV,
-    scale,
-    qk_scale,
-    stride_qb,
-    stride_qh,
-    stride_ql,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kl,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vl,
-    stride_vd,
-    stride_ob,
-    stride_oh,
-    stride_ol,
-    stride_od,
-    stride_gb,
-    stride_gh,
-    stride_gl,
-    stride_gd,
-    stride_db,
-    stride_dh,
-    stride_dl,
-    stride_dd,
-    stride_dkc,
-    stride_dkb,
-    stride_dkh,
-    stride_dkl,
-    stride_dkd,
-    H,
-    Lq,
-    Lk,
-    q_chunk,
-    n_chunks,
-    LQ_BUCKET,
-    LK_BUCKET,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    Q, K, V, O, DO, LSE, DQ, DK, DV, scale, qk_scale,
+    stride_qb, stride_qh, stride_ql, stride_qd,
+    stride_kb, stride_kh, stride_kl, stride_kd,
+    stride_vb, stride_vh, stride_vl, stride_vd,
+    stride_ob, stride_oh, stride_ol, stride_od,
+    stride_gb, stride_gh, stride_gl, stride_gd,
+    stride_db, stride_dh, stride_dl, stride_dd,
+    stride_dkc, stride_dkb, stride_dkh, stride_dkl, stride_dkd,
+    H, Lq, Lk, q_chunk, n_chunks,
+    LQ_BUCKET, LK_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr,
+    BLOCK_N2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     pid, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
     q_base = Q + b * stride_qb + h * stride_qh
@@ -121,142 +79,100 @@ def _fused_bwd_kernel(
     o_base = O + b * stride_ob + h * stride_oh
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
+    dq_base = DQ + b * stride_db + h * stride_dh
     bh_offset = pid_bh.to(tl.int64) * Lq
-    n_key_programs = tl.cdiv(Lk, BLOCK_N) * n_chunks
-    if pid < n_key_programs:
+    n_key_blocks = tl.cdiv(Lk, BLOCK_N1)
+    one_key_block = n_key_blocks == 1  # then key programs write dQ and no query program runs
+    if pid < n_key_blocks * n_chunks:
         # --- a key program: dK, dV of one key block over one chunk of query rows ---
-        pid_n, pid_c = pid % tl.cdiv(Lk, BLOCK_N), pid // tl.cdiv(Lk, BLOCK_N)
-        col_start = pid_n * BLOCK_N
-        k = bwd.load_rows(k_base, stride_kl, stride_kd, col_start, Lk, BLOCK_N, HEAD_DIM, True)
-        v = bwd.load_rows(v_base, stride_vl, stride_vd, col_start, Lk, BLOCK_N, HEAD_DIM, True)
-        dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        pid_n, pid_c = pid % n_key_blocks, pid // n_key_blocks
+        col_start = pid_n * BLOCK_N1
+        k = bwd.load_rows(k_base, stride_kl, stride_kd, col_start, Lk, BLOCK_N1, HEAD_DIM, True)
+        v = bwd.load_rows(v_base, stride_vl, stride_vd, col_start, Lk, BLOCK_N1, HEAD_DIM, True)
+        dk = tl.zeros([BLOCK_N1, HEAD_DIM], tl.float32)
+        dv = tl.zeros([BLOCK_N1, HEAD_DIM], tl.float32)
         row_begin = pid_c * q_chunk
         row_end = tl.minimum(row_begin + q_chunk, Lq)
-        full_end = row_begin + (row_end - row_begin) // BLOCK_M * BLOCK_M
-        for row in range(row_begin, full_end, BLOCK_M):
-            q, do, lse2, delta = _load_query_tile(
-                q_base,
-                do_base,
-                o_base,
-                LSE,
-                bh_offset,
-                row,
-                Lq,
-                stride_ql,
-                stride_qd,
-                stride_gl,
-                stride_gd,
-                stride_ol,
-                stride_od,
-                BLOCK_M,
-                HEAD_DIM,
-                False,
-            )
-            dk, dv = bwd.dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
-        if full_end < row_end:
-            q, do, lse2, delta = _load_query_tile(
-                q_base,
-                do_base,
-                o_base,
-                LSE,
-                bh_offset,
-                full_end,
-                Lq,
-                stride_ql,
-                stride_qd,
-                stride_gl,
-                stride_gd,
-                stride_ol,
-                stride_od,
-                BLOCK_M,
-                HEAD_DIM,
-                True,
-            )
-            dk, dv = bwd.dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
-        bwd.store_key_block(
-            DK,
-            DV,
-            dk * scale,
-            dv,
-            pid_c,
-            b,
-            h,
-            col_start,
-            Lk,
-            stride_dkc,
-            stride_dkb,
-            stride_dkh,
-            stride_dkl,
-            stride_dkd,
-            BLOCK_N,
-            HEAD_DIM,
-        )
+        full_end = row_begin + (row_end - row_begin) // BLOCK_M1 * BLOCK_M1
+        for row in range(row_begin, full_end, BLOCK_M1):  # full query tiles: no checks
+            q, do, lse2, delta = _load_query_tile(q_base, do_base, o_base, LSE, bh_offset, row, Lq, stride_ql,
+                                                  stride_qd, stride_gl, stride_gd, stride_ol, stride_od,
+                                                  BLOCK_M1, HEAD_DIM, False)  # fmt: skip
+            dk, dv, ds_t = bwd.dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
+            if one_key_block:
+                dq = tl.dot(tl.trans(ds_t).to(k.dtype), k, input_precision=DOT_PRECISION)
+                _store_rows(dq_base, stride_dl, stride_dd, row, Lq, dq * scale, BLOCK_M1, HEAD_DIM)
+        if full_end < row_end:  # the partial last query tile
+            q, do, lse2, delta = _load_query_tile(q_base, do_base, o_base, LSE, bh_offset, full_end, Lq, stride_ql,
+                                                  stride_qd, stride_gl, stride_gd, stride_ol, stride_od,
+                                                  BLOCK_M1, HEAD_DIM, True)  # fmt: skip
+            dk, dv, ds_t = bwd.dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
+            if one_key_block:
+                dq = tl.dot(tl.trans(ds_t).to(k.dtype), k, input_precision=DOT_PRECISION)
+                _store_rows(dq_base, stride_dl, stride_dd, full_end, Lq, dq * scale, BLOCK_M1, HEAD_DIM)
+        bwd.store_key_block(DK, DV, dk * scale, dv, pid_c, b, h, col_start, Lk, stride_dkc, stride_dkb,
+                            stride_dkh, stride_dkl, stride_dkd, BLOCK_N1, HEAD_DIM)  # fmt: skip
     else:
         # --- a query program: dQ of one query tile over every key block ---
-        row_start = (pid - n_key_programs) * BLOCK_M
-        q, do, lse2, delta = _load_query_tile(
-            q_base,
-            do_base,
-            o_base,
-            LSE,
-            bh_offset,
-            row_start,
-            Lq,
-            stride_ql,
-            stride_qd,
-            stride_gl,
-            stride_gd,
-            stride_ol,
-            stride_od,
-            BLOCK_M,
-            HEAD_DIM,
-            True,
-        )
-        dq = bwd.dq_row_block(
-            q,
-            do,
-            lse2,
-            delta,
-            k_base,
-            v_base,
-            stride_kl,
-            stride_kd,
-            stride_vl,
-            stride_vd,
-            Lk,
-            qk_scale,
-            BLOCK_M,
-            BLOCK_N,
-            HEAD_DIM,
-            DOT_PRECISION,
-        )
-        dq_ptr = tl.make_block_ptr(
-            DQ + b * stride_db + h * stride_dh,
-            (Lq, HEAD_DIM),
-            (stride_dl, stride_dd),
-            (row_start, 0),
-            (BLOCK_M, HEAD_DIM),
-            (1, 0),
-        )
-        tl.store(dq_ptr, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0,))
+        row_start = (pid - n_key_blocks * n_chunks) * BLOCK_M2
+        q, do, lse2, delta = _load_query_tile(q_base, do_base, o_base, LSE, bh_offset, row_start, Lq, stride_ql,
+                                              stride_qd, stride_gl, stride_gd, stride_ol, stride_od, BLOCK_M2,
+                                              HEAD_DIM, True)  # fmt: skip
+        dq = bwd.dq_row_block(q, do, lse2, delta, k_base, v_base, stride_kl, stride_kd, stride_vl, stride_vd, Lk,
+                              qk_scale, BLOCK_M2, BLOCK_N2, HEAD_DIM, DOT_PRECISION)  # fmt: skip
+        _store_rows(dq_base, stride_dl, stride_dd, row_start, Lq, dq * scale, BLOCK_M2, HEAD_DIM)
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages): one tile shape serves both kinds of program.
-FUSED_SEARCH_SPACE = [(64, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)]
-INTERPRETER_CONFIG = bwd.INTERPRETER_CONFIG
+# (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages): key-program tiles, query-program
+# tiles, and the launch settings both share. The search space phase 11 starts from.
+FUSED_SEARCH_SPACE = [
+    (32, 128, 128, 64, 4, 3),
+    (64, 128, 128, 64, 8, 3),
+    (32, 128, 64, 64, 4, 3),
+    (64, 64, 64, 64, 4, 3),
+    (64, 64, 128, 64, 8, 2),
+    (32, 64, 64, 64, 4, 3),
+]
+INTERPRETER_CONFIG = {"BLOCK_M1": 32, "BLOCK_N1": 16, "BLOCK_M2": 16, "BLOCK_N2": 32}
 
-_fused_autotuned = fwd.autotuned(_fused_bwd_kernel, FUSED_SEARCH_SPACE, bwd.prune_wide)
+
+def _prune(configs, named_args, **kwargs):
+    # fp32 or D=128 tiles overflow shared memory and registers; for short K, tiles no wider than K.
+    big = named_args["Q"].element_size() * kwargs.get("HEAD_DIM", 64) > 256
+    width = max(64, triton.next_power_of_2(named_args["Lk"]))
+    kept = [
+        c
+        for c in configs
+        if c.kwargs["BLOCK_N1"] <= width
+        and not (
+            big and max(c.kwargs["BLOCK_M1"] * c.kwargs["BLOCK_N1"], c.kwargs["BLOCK_M2"] * 64) > 64 * 64
+        )
+    ]
+    return kept or configs[-1:]
+
+
+_fused_autotuned = triton.autotune(
+    [
+        triton.Config(
+            {"BLOCK_M1": m1, "BLOCK_N1": n1, "BLOCK_M2": m2, "BLOCK_N2": n2}, num_warps=w, num_stages=st
+        )
+        for m1, n1, m2, n2, w, st in FUSED_SEARCH_SPACE
+    ],
+    key=["LQ_BUCKET", "LK_BUCKET", "HEAD_DIM"],
+    prune_configs_by={"early_config_prune": _prune},
+    do_bench=fwd.tuning_bench,
+)(_fused_bwd_kernel)
 
 # What the compiler reported for the most recent launch on a GPU: registers and spilled bytes.
 COMPILE_REPORT: dict = {}
 
 
 def last_fused_config() -> dict:
-    return {
-        "fused_config": fwd.chosen_config(_fused_autotuned if ON_GPU else None, INTERPRETER_CONFIG),
-        **COMPILE_REPORT,
-    }
+    if not ON_GPU:
+        return {"fused_config": "interpreter:" + ",".join(f"{k}={v}" for k, v in INTERPRETER_CONFIG.items())}
+    cfg = _fused_autotuned.best_config
+    tiles = ",".join(f"{k}={v}" for k, v in cfg.kwargs.items())
+    return {"fused_config": f"{tiles},warps={cfg.num_warps},stages={cfg.num_stages}", **COMPILE_REPORT}
 
 
 def fused_attention_backward(q, k, v, o, lse, do, scale: float):
@@ -267,37 +183,16 @@ def fused_attention_backward(q, k, v, o, lse, do, scale: float):
     n_chunks = triton.cdiv(Lq, q_chunk)
     grads, partials = bwd.key_grad_buffers(k, n_chunks)
     dq = bwd.like_q_layout(q)
-    args = (
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
-        dq,
-        partials[:, 0],
-        partials[:, 1],
-        scale,
-        scale * fwd.LOG2E,
-        *fwd.strides4(q),
-        *fwd.strides4(k),
-        *fwd.strides4(v),
-        *fwd.strides4(o),
-        *fwd.strides4(do),
-        *fwd.strides4(dq),
-        *bwd.partial_strides(partials),
-        H,
-        Lq,
-        Lk,
-        q_chunk,
-        n_chunks,
-        fwd.shape_bucket(Lq),
-        fwd.shape_bucket(Lk),
-    )
+    args = (q, k, v, o, do, lse, dq, partials[:, 0], partials[:, 1], scale, scale * fwd.LOG2E)
+    args += (*fwd.strides4(q), *fwd.strides4(k), *fwd.strides4(v), *fwd.strides4(o), *fwd.strides4(do))
+    args += (*fwd.strides4(dq), *bwd.partial_strides(partials), H, Lq, Lk, q_chunk, n_chunks)
+    args += (fwd.shape_bucket(Lq), fwd.shape_bucket(Lk))
     meta = {"HEAD_DIM": D, "DOT_PRECISION": fwd.dot_precision(q.dtype)}
 
     def grid(cfg):
-        return (triton.cdiv(Lk, cfg["BLOCK_N"]) * n_chunks + triton.cdiv(Lq, cfg["BLOCK_M"]), B * H)
+        key_blocks = triton.cdiv(Lk, cfg["BLOCK_N1"])
+        query_programs = 0 if key_blocks == 1 else triton.cdiv(Lq, cfg["BLOCK_M2"])
+        return (key_blocks * n_chunks + query_programs, B * H)
 
     if ON_GPU:
         compiled = _fused_autotuned[grid](*args, **meta)
