@@ -168,11 +168,14 @@ def rows_of_task(array_job_id: str, task_id: int) -> list[dict]:
 
 
 def record_missing(cell: Cell, error: str) -> list[dict]:
-    """A failure row for each row ``cell`` should have written in this array task and did not."""
+    """A failure row for each row ``cell`` should have written in this array task and did not
+    (outside an array task, e.g. ``run-cell`` by hand, one for each of the cell's rows)."""
     from common import ResultWriter
 
-    job, task = os.environ["SLURM_ARRAY_JOB_ID"], int(os.environ["SLURM_ARRAY_TASK_ID"])
-    written = {(row["variant"], row["shape"]) for row in rows_of_task(job, task)}
+    job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    written = (
+        {(row["variant"], row["shape"]) for row in rows_of_task(job, int(task))} if job and task else set()
+    )
     missing = [row for row in cell.expected_rows() if (row["variant"], row["shape"]) not in written]
     if not missing:
         return []
@@ -217,9 +220,10 @@ def collect(array_job_id: str) -> None:
 
     for index, cell in enumerate(cells()):
         with as_array_task(array_job_id, index):
-            state = _job_state(f"{array_job_id}_{index}") or "unknown"
+            # Slurm keeps no record of a task cancelled while pending, nor of any after MinJobAge.
+            state = _job_state(f"{array_job_id}_{index}") or "no record: cancelled before it started?"
             rows = record_missing(
-                cell, f"array task {array_job_id}_{index} wrote no row (Slurm state {state})"
+                cell, f"array task {array_job_id}_{index} wrote no row (Slurm state: {state})"
             )
         if rows:
             print(f"cell {index} ({state}): recorded {len(rows)} failure row(s)")

@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slurm
 TIMEOUT_S = 240
 
 
-def submit_matrix(cluster, checkout: Path, env: dict, *flags: str) -> dict:
-    """Submit the matrix as a user would, wait until the queue is empty; returns the job ids."""
+def submit_matrix(cluster, checkout: Path, env: dict, *flags: str, cancel_task: int | None = None) -> dict:
+    """Submit the matrix as a user would (cancelling one task while it waits, if asked), wait until
+    the queue is empty; returns the job ids."""
     out = subprocess.run(
         ["sbatch", "--parsable", *flags, "slurm/run_matrix.sbatch"],
         cwd=checkout,
@@ -36,8 +37,18 @@ def submit_matrix(cluster, checkout: Path, env: dict, *flags: str) -> dict:
     )
     assert out.returncode == 0, f"sbatch failed:\n{out.stderr}"
     launcher = out.stdout.strip().split(";")[0]
-    wait_for_empty_queue(cluster, checkout)
     launcher_log = checkout / "reports" / "logs" / f"tritonlab-matrix-{launcher}.out"
+    if cancel_task is not None:
+        deadline = time.monotonic() + 60
+        while not (launcher_log.exists() and "array job" in launcher_log.read_text()):
+            assert time.monotonic() < deadline, f"no array job yet\n{all_logs(checkout)}\n{cluster.logs()}"
+            time.sleep(0.2)
+        array = re.search(r"array job (\d+)", launcher_log.read_text())[1]
+        task = f"{array}_{cancel_task}"
+        state = cluster.run("squeue", "-h", "-r", "-j", task, "-o", "%T").stdout.strip()
+        assert state == "PENDING", f"task {task} should still be waiting for a CPU, not {state!r}"
+        cluster.run("scancel", task)
+    wait_for_empty_queue(cluster, checkout)
     assert launcher_log.exists(), f"no launcher log\n{all_logs(checkout)}\n{cluster.logs()}"
     found = re.search(r"array job (\d+) .* collector job (\d+)", launcher_log.read_text())
     assert found, f"the launcher did not submit the array:\n{all_logs(checkout)}"
@@ -144,10 +155,12 @@ def test_matrix_writes_a_row_per_cell_and_the_report(cluster, checkout):
 
 def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
     # math runs; efficient has no CPU kernel, so phase 01 records the error itself; the unknown
-    # backend kills the phase process before it writes anything, so the array task records it.
-    env = job_env(cluster, TRITONLAB_MATRIX="cpu", TRITONLAB_MATRIX_BACKENDS="math efficient no-such-backend")
+    # backend kills the phase process before it writes anything, so its array task records it;
+    # flash is cancelled while it waits for a CPU, so only the collector can record it.
+    backends = "math efficient no-such-backend flash"
+    env = job_env(cluster, TRITONLAB_MATRIX="cpu", TRITONLAB_MATRIX_BACKENDS=backends)
     matrix = cells(env)
-    jobs = submit_matrix(cluster, checkout, env, "--time=00:20:00", "--partition=debug")
+    jobs = submit_matrix(cluster, checkout, env, "--time=00:20:00", "--partition=debug", cancel_task=3)
     logs = all_logs(checkout)
 
     assert job_state(cluster, jobs["collector"]) == "COMPLETED", logs
@@ -159,6 +172,7 @@ def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
     assert "gpu" not in cluster.run("scontrol", "show", "job", "-o", jobs["collector"]).stdout, (
         "collector: no GPU"
     )
+
     rows = check_cell_rows(read_rows(checkout), matrix, jobs)
     assert rows["eager+sdpa-math"]["status"] == "ok"
     assert float(rows["eager+sdpa-math"]["step_ms"]) > 0
@@ -167,6 +181,10 @@ def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
     dead = rows["eager+sdpa-no-such-backend"]
     assert dead["status"] == "error"
     assert "exit code 2" in dead["error"] and "no-such-backend" in dead["error"], dead["error"]
+    # Slurm forgets a task cancelled before it started: the collector says it has no record of it.
+    cancelled = rows["eager+sdpa-flash"]
+    assert cancelled["status"] == "error", cancelled
+    assert cancelled["error"].startswith(f"array task {jobs['array']}_3 wrote no row"), cancelled["error"]
 
     text = (checkout / "reports" / f"{PHASE}.md").read_text()
     assert "Cells that did not finish" in text, text

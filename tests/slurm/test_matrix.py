@@ -133,7 +133,7 @@ def test_collect_fills_cells_whose_task_never_ran(array_task, monkeypatch, tmp_p
         ("eager+sdpa-math", "0"),
         ("eager+sdpa-flash", "1"),
     ]
-    assert all("Slurm state TIMEOUT" in r["error"] and r["run_group"] == "91" for r in rows)
+    assert all("Slurm state: TIMEOUT" in r["error"] and r["run_group"] == "91" for r in rows)
     assert (data_dir().parent / f"{PHASE}.md").exists()
 
 
