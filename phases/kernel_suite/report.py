@@ -8,6 +8,8 @@ KERNELS = ("rms_norm", "gelu", "swiglu", "rope", "cross_entropy", "fp8_row", "fp
 BASELINES = ("eager", "compile", "liger")
 MEMORY_BOUND = ("rms_norm", "gelu", "swiglu", "rope", "fp8_row", "fp8_block")
 COPY_GOAL_PCT = 90.0
+# Medians of the same cell move by about 1-2% between runs on this machine: closer than that is a tie.
+TIE = 1.02
 CE_GOAL_MS, CE_GOAL_SHAPE = 3.5, "16384x128256"
 
 
@@ -37,6 +39,8 @@ def _kernel_table(rows: pd.DataFrame) -> pd.DataFrame:
             best = bases.loc[bases["ms"].idxmin()]
             line["best other"] = best["variant"]
             line["speedup vs best"] = best["ms"] / ours["ms"]
+            if "device_ms" in bases:
+                line["others' min device ms"] = bases["device_ms"].min()
         for column, key in (("ours host ms", "host_ms"), ("ours device ms", "device_ms")):
             line[column] = ours.get(key, float("nan")) if ours is not None else float("nan")
         line["ours extra GB"] = ours["extra_mem_gb"] if ours is not None else float("nan")
@@ -73,7 +77,7 @@ def _plot(kernel: str, rows: pd.DataFrame, fig: Figures) -> str:
 
 def _goals(ok: pd.DataFrame) -> str:
     lines = [
-        "| kernel | shape | pass | ours % of copy | goal >= 90% | slower than the best alternative? |",
+        "| kernel | shape | pass | ours % of copy | goal >= 90% | slower than the best alternative (by > 2%)? |",
         "|---|---|---|---|---|---|",
     ]
     for kernel in MEMORY_BOUND:
@@ -96,7 +100,7 @@ def _goals(ok: pd.DataFrame) -> str:
             if mine.empty or others.empty:
                 continue
             best = others.loc[others["ms"].idxmin()]
-            if best["ms"] < mine.iloc[0]:
+            if best["ms"] * TIE < mine.iloc[0]:
                 ours = cell.loc[cell["variant"] == "ours"].iloc[0]
                 host, device = ours.get("host_ms", float("nan")), ours.get("device_ms", float("nan"))
                 why = (
