@@ -50,6 +50,8 @@ PRESETS = {
     },
 }
 DTYPE = "bf16"
+# Arguments the matrix sets itself: which rows a cell owes follows from them.
+CELL_ARGS = ("--shape", "--sdpa-backend", "--modes", "--dtype")
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,12 @@ def cells(env: dict | None = None) -> list[Cell]:
     shapes = _words(env.get("TRITONLAB_MATRIX_SHAPES", "")) or preset["shapes"]
     backends = _words(env.get("TRITONLAB_MATRIX_BACKENDS", "")) or preset["backends"]
     extra = preset["extra"] + tuple(shlex.split(env.get("TRITONLAB_MATRIX_ARGS", "")))
+    clash = [arg for arg in extra if arg.split("=")[0] in CELL_ARGS]
+    if clash:
+        raise ValueError(
+            f"TRITONLAB_MATRIX_ARGS: {' '.join(clash)} is set per cell; choose shapes and "
+            "backends with TRITONLAB_MATRIX_SHAPES and TRITONLAB_MATRIX_BACKENDS"
+        )
     # The phase checks shapes and backends itself: a bad one makes a failure row, like any failed cell.
     return [Cell(shape, backend, preset["modes"], extra) for shape in shapes for backend in backends]
 
@@ -233,8 +241,8 @@ def collect(array_job_id: str) -> None:
 
 # --- resubmission --------------------------------------------------------------------------------
 
-# scontrol's field -> the sbatch flag that sets it. Placement only: what the job asked for, so the
-# array and the collector land where the user sent the launcher.
+# scontrol's field -> the sbatch flag that sets it, so that the array runs where and as the user sent
+# the launcher; the collector gets the placement only (it needs no GPU).
 _PLACEMENT = {
     "Partition": "--partition",
     "Account": "--account",

@@ -42,6 +42,8 @@ def test_environment_overrides_shapes_backends_and_arguments():
 def test_bad_matrix_settings_are_named():
     with pytest.raises(ValueError, match="TRITONLAB_MATRIX: unknown 'tpu'"):
         cells({"TRITONLAB_MATRIX": "tpu"})
+    with pytest.raises(ValueError, match="TRITONLAB_MATRIX_ARGS: --modes is set per cell"):
+        cells({"TRITONLAB_MATRIX_ARGS": "--steps 3 --modes eager"})
     with pytest.raises(ValueError, match="matrix is empty"):
         array_range([])
 
