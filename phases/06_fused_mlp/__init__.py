@@ -1,0 +1,25 @@
+"""Phase 06: the MLP silu(x W1ᵀ) W2ᵀ with a one-kernel forward (GEMM + SiLU + GEMM) in Triton."""
+
+import common  # noqa: F401  -- first: on a machine without a GPU it selects the interpreter
+
+from .kernel import (
+    check_mlp_inputs,
+    compute_dtype,
+    fused_mlp,
+    fused_mlp_fwd,
+    fused_mlp_fwd_kernel,
+    gemm_silu_mlp,
+    mlp_hidden,
+    mlp_hidden_kernel,
+)
+
+__all__ = [
+    "check_mlp_inputs",
+    "compute_dtype",
+    "fused_mlp",
+    "fused_mlp_fwd",
+    "fused_mlp_fwd_kernel",
+    "gemm_silu_mlp",
+    "mlp_hidden",
+    "mlp_hidden_kernel",
+]

@@ -1,0 +1,69 @@
+"""reports/08_gmm_logprob.md: the loss kernels against eager, torch.compile and a copy of the same bytes."""
+
+import pandas as pd
+
+from common.report import Figures, add_speedup, failures_table, markdown_table, select_latest
+
+KEYS = ["variant", "shape", "dtype"]
+
+
+def _goal_lines(ok: pd.DataFrame) -> list[str]:
+    lines = []
+    for shape, part in ok.groupby("shape", sort=False):
+        ms = part.set_index("variant")["fwd_bwd_ms"]
+        if not {"eager", "fused", "copy"} <= set(ms.index):
+            continue
+        of_copy, vs_eager = ms["copy"] / ms["fused"], ms["eager"] / ms["fused"]
+        verdict = "met" if of_copy >= 0.8 and vs_eager >= 5 else "missed"
+        lines.append(
+            f"- {shape} (T={int(part['targets'].iloc[0])}): {of_copy:.0%} of the copy's bandwidth "
+            f"(goal 80%), {vs_eager:.1f}× eager (goal 5×): **{verdict}**"
+        )
+    return lines
+
+
+def render(df: pd.DataFrame, fig: Figures) -> str:
+    df = select_latest(df, KEYS)
+    ok = df.loc[df["status"] == "ok"].copy()
+    if ok.empty:
+        return "_no successful rows_\n" + failures_table(df)
+    ok = add_speedup(ok, ["shape", "dtype"], "eager", "fwd_bwd_ms")
+    ok = ok.sort_values(["targets", "fwd_bwd_ms"])
+    parts = [
+        "Mean mixture NLL over T targets × 10 components, bf16 params, forward+backward. GB/s counts the "
+        "minimum traffic -- params and y read by the forward and again by the backward, d params written "
+        "once -- for every variant; `copy` is a device-to-device copy of that many bytes, the ceiling. "
+        "The fused forward+backward is two launches, the copy one. Times are medians (ms).\n",
+        "## Goals (forward+backward)\n",
+        "\n".join(_goal_lines(ok)) or "_not measured yet_",
+        "\n## All cells\n",
+        markdown_table(
+            ok,
+            [
+                "shape",
+                "targets",
+                "variant",
+                "fwd_ms",
+                "bwd_ms",
+                "fwd_bwd_ms",
+                "fwd_bwd_gbps",
+                "speedup_vs_eager",
+                "peak_mb",
+                "err_out",
+                "err_grad",
+            ],
+        ),
+        fig.line_plot(
+            ok,
+            x="targets",
+            y="fwd_bwd_gbps",
+            series="variant",
+            name="gbps",
+            title="GMM NLL forward+backward, bf16",
+            xlabel="targets",
+            ylabel="GB/s",
+            logx=True,
+        ),
+        failures_table(df),
+    ]
+    return "\n".join(parts)

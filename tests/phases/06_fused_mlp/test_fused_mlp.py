@@ -1,0 +1,123 @@
+"""Phase 06's fused MLP against a float64 reference: values, gradients, autocast, the model, bad input."""
+
+import importlib
+
+import pytest
+import torch
+
+import common
+
+p06 = importlib.import_module("phases.06_fused_mlp")
+baseline = importlib.import_module("phases.01_baseline")
+DEVICE = common.DEVICE
+
+VARIANTS = {
+    "fused": p06.fused_mlp,
+    "fused-recompute": lambda x, w1, w2: p06.fused_mlp(x, w1, w2, save_preactivation=False),
+    "gemm-silu": p06.gemm_silu_mlp,
+}
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def random_mlp(T, d_model, d_ff, n_out, dtype):
+    x = torch.randn(T, d_model, device=DEVICE)
+    w1 = torch.randn(d_ff, d_model, device=DEVICE) / d_model**0.5
+    w2 = torch.randn(n_out, d_ff, device=DEVICE) / d_ff**0.5
+    return [t.to(dtype) for t in (x, w1, w2)], torch.randn(T, n_out, device=DEVICE).to(dtype)
+
+
+def output_and_grads(fn, inputs, grad_out):
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    return [out, *torch.autograd.grad(out, inputs, grad_out)]
+
+
+def check(fn, inputs, grad_out, tol):
+    got = output_and_grads(fn, inputs, grad_out)
+    want = output_and_grads(baseline.mlp_eager, [t.double() for t in inputs], grad_out.double())
+    for name, g, w in zip(["y", "dx", "dw1", "dw2"], got, want, strict=True):
+        assert g.dtype == inputs[0].dtype and g.shape == w.shape, name
+        assert torch.isfinite(g).all(), name
+        assert rel(g, w) < tol, (name, rel(g, w))
+
+
+# d_ff = 100 is not a multiple of 16 (like 1365); T crosses block boundaries at 37 and 1001.
+@pytest.mark.parametrize("T", [1, 37, 1001])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_small_dims_match_float64(variant, dtype, T):
+    inputs, grad_out = random_mlp(T, 32, 100, 48, dtype)
+    check(VARIANTS[variant], inputs, grad_out, 1e-5 if dtype == torch.float32 else 5e-3)
+
+
+def test_real_weight_shapes():
+    inputs, grad_out = random_mlp(3, 512, 1365, 512, torch.float32)
+    check(p06.fused_mlp, inputs, grad_out, 1e-5)
+
+
+def test_batched_input_and_autocast_casts_weights():
+    # The model passes (B, L, d) activations; under autocast, fp32 weights are cast as F.linear casts them.
+    x = torch.randn(2, 9, 32, device=DEVICE)
+    w1 = torch.randn(40, 32, device=DEVICE, requires_grad=True)
+    w2 = torch.randn(32, 40, device=DEVICE, requires_grad=True)
+    half = torch.float16 if DEVICE.type == "cpu" else torch.bfloat16  # the interpreter's bf16 dot is wrong
+    results = []
+    for fn in (baseline.mlp_eager, p06.fused_mlp):
+        with torch.autocast(DEVICE.type, dtype=half):
+            y = fn(x, w1, w2)
+        results.append([y, *torch.autograd.grad(y.float().square().sum(), [w1, w2])])
+    (y_eager, *g_eager), (y_fused, *g_fused) = results
+    assert y_fused.dtype == y_eager.dtype == half and y_fused.shape == (2, 9, 32)
+    assert rel(y_fused, y_eager) < 1e-2
+    for g, e in zip(g_fused, g_eager, strict=True):
+        assert g.dtype == torch.float32 and rel(g, e) < 2e-2
+
+
+def test_plugs_into_the_model():
+    cfg = baseline.TNPConfig(n_layers=2, n_heads=2, head_dim=16, d_ff=40, n_components=3, d_head_hidden=24)
+    tasks = baseline.sample_tasks(2, 7, 5, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
+    results = []
+    for mlp in (baseline.mlp_eager, p06.fused_mlp):
+        torch.manual_seed(0)
+        model = baseline.TransformerNP(cfg, baseline.Components(mlp=mlp)).to(DEVICE)
+        loss = model.loss(*tasks)
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (eager_loss, eager_grads), (fused_loss, fused_grads) = results
+    assert rel(fused_loss, eager_loss) < 1e-5
+    for g_fused, g_eager in zip(fused_grads, eager_grads, strict=True):
+        assert rel(g_fused, g_eager) < 1e-4
+
+
+def _t(*shape, dtype=torch.float32, device=None):
+    return torch.randn(*shape, device=device or DEVICE).to(dtype)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((_t(5, 32), _t(40, 16), _t(32, 40)), "w1: expected \\(D_FF, 32\\)"),
+        ((_t(5, 32), _t(40, 32), _t(32, 41)), "w2: expected \\(N_OUT, 40\\)"),
+        ((_t(5, 32), _t(40, 32), _t(32, 40, 1)), "shapes"),
+        ((_t(5, 32), _t(40, 32, dtype=torch.float16), _t(32, 40)), "dtypes"),
+        ((_t(5, 32, dtype=torch.int32), _t(40, 32), _t(32, 40)), "x: dtype"),
+        ((_t(5, 24), _t(40, 24), _t(24, 40)), "multiple of 16"),
+        ((_t(0, 32), _t(40, 32), _t(32, 40)), "at least one token"),
+        ((_t(5, 32, device="meta"), _t(40, 32), _t(32, 40)), "x: must be on"),
+    ],
+)
+def test_bad_input_raises(args, message):
+    with pytest.raises(ValueError, match=message):
+        p06.fused_mlp(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 37, 1001])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gpu_bf16_real_shapes_match_float64(variant, T):
+    inputs, grad_out = random_mlp(T, 512, 1365, 512, torch.bfloat16)
+    check(VARIANTS[variant], inputs, grad_out, 1.5e-2)

@@ -1,0 +1,130 @@
+"""Phase 08's loss kernels against a float64 reference: values, gradients, extremes, bad input."""
+
+import importlib
+import math
+
+import pytest
+import torch
+
+import common
+
+p08 = importlib.import_module("phases.08_gmm_logprob")
+baseline = importlib.import_module("phases.01_baseline")
+DEVICE = common.DEVICE
+
+
+def reference_nll(params: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Phase 01's formula in float64."""
+    logit, mu, log_sigma = params.double().unbind(-1)
+    z = (y.double().reshape(-1, 1) - mu) * torch.exp(-log_sigma)
+    log_normal = -0.5 * z * z - log_sigma - 0.5 * math.log(2 * math.pi)
+    return -torch.logsumexp(torch.log_softmax(logit, -1) + log_normal, -1).mean()
+
+
+def loss_and_grads(fn, params, y):
+    params = params.detach().clone().requires_grad_()
+    y = y.detach().clone().requires_grad_()
+    loss = fn(params, y)
+    d_params, d_y = torch.autograd.grad(loss, [params, y])
+    return loss, d_params, d_y
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def random_inputs(T, dtype, scale=1.0, K=10):
+    params = (torch.randn(T, K, 3, device=DEVICE) * scale).to(dtype)
+    return params, torch.randn(T, device=DEVICE) * scale
+
+
+@pytest.mark.parametrize("T", [1, 37, 1001])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_float64(T, dtype):
+    params, y = random_inputs(T, dtype)
+    loss, d_params, d_y = loss_and_grads(p08.gmm_nll, params, y)
+    ref_loss, ref_d_params, ref_d_y = loss_and_grads(reference_nll, params.double(), y.double())
+    assert loss.dtype == torch.float32 and d_params.dtype == dtype
+    assert torch.isfinite(d_params).all()
+    assert rel(loss, ref_loss) < 1e-5
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the gradient is rounded once on the way out
+    assert rel(d_params, ref_d_params) < tol
+    assert rel(d_y, ref_d_y) < tol
+
+
+def test_y_column_strided_params_and_other_k():
+    # y as (T, 1); params a non-contiguous view; K = 5 components instead of 10.
+    storage = torch.randn(53, 5, 4, device=DEVICE)
+    params, y = storage[..., :3], torch.randn(53, 1, device=DEVICE)
+    assert not params.is_contiguous()
+    loss, d_params, _ = loss_and_grads(p08.gmm_nll, params, y)
+    ref_loss, ref_d_params, _ = loss_and_grads(reference_nll, params.double(), y.double())
+    assert rel(loss, ref_loss) < 1e-5 and rel(d_params, ref_d_params) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_finite_at_extremes(dtype):
+    # |y - mu| up to 1e4 and log sigma in [-20, 20]: z reaches 4.9e12, z² 2.4e25 -- finite in fp32.
+    T = 301
+    params = torch.randn(T, 10, 3, device=DEVICE)
+    params[..., 1] = torch.empty(T, 10, device=DEVICE).uniform_(-1e4, 1e4)
+    params[..., 2] = torch.empty(T, 10, device=DEVICE).uniform_(-20, 20)
+    params[:7, :, 2] = -20.0  # the worst corner, on purpose
+    params = params.to(dtype)
+    y = torch.zeros(T, device=DEVICE)
+    y[:7] = 1e4
+    loss, d_params, d_y = loss_and_grads(p08.gmm_nll, params, y)
+    ref_loss, ref_d_params, _ = loss_and_grads(reference_nll, params.double(), y.double())
+    assert torch.isfinite(loss) and torch.isfinite(d_params).all() and torch.isfinite(d_y).all()
+    assert rel(loss, ref_loss) < 1e-5
+    if dtype == torch.float32:
+        # In bf16 the rounded means and scales tie between components, and which of two tied
+        # components takes the responsibility (and a 1e22 gradient) is decided by fp32 rounding of
+        # log-densities near -1e25: ill-conditioned, so only finiteness and the loss are checked there.
+        assert rel(d_params, ref_d_params) < 1e-5
+
+
+def test_plugs_into_the_model():
+    cfg = baseline.TNPConfig(n_layers=1, n_heads=2, head_dim=16, d_ff=40, n_components=3, d_head_hidden=24)
+    tasks = baseline.sample_tasks(2, 7, 5, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
+    results = []
+    for loss_fn in (baseline.gmm_nll, p08.gmm_nll):
+        torch.manual_seed(0)
+        model = baseline.TransformerNP(cfg, baseline.Components(loss=loss_fn)).to(DEVICE)
+        loss = model.loss(*tasks)
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (eager_loss, eager_grads), (fused_loss, fused_grads) = results
+    assert rel(fused_loss, eager_loss) < 1e-5
+    for g_fused, g_eager in zip(fused_grads, eager_grads, strict=True):
+        assert rel(g_fused, g_eager) < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("params", "y", "message"),
+    [
+        (torch.randn(4, 10, 2), torch.randn(4), "params: expected a \\(T, K, 3\\)"),
+        (torch.randn(4, 10, 3, dtype=torch.float16), torch.randn(4), "params: dtype"),
+        (torch.randn(4, 10, 3), torch.randn(5), "y: expected shape"),
+        (torch.randn(4, 10, 3), torch.ones(4, dtype=torch.int64), "y: expected a floating-point"),
+        (torch.randn(0, 10, 3), torch.randn(0), "params: needs T >= 1"),
+        (torch.randn(4, 10, 3, device="meta"), torch.randn(4, device="meta"), "params: must be on"),
+    ],
+)
+def test_bad_input_raises(params, y, message):
+    if params.device.type != "meta":
+        params, y = params.to(DEVICE), y.to(DEVICE)
+    with pytest.raises(ValueError, match=message):
+        p08.gmm_nll(params, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 37, 1001, 32_000])
+def test_gpu_bf16_matches_float64_and_is_deterministic(T):
+    params, y = random_inputs(T, torch.bfloat16, scale=3.0)
+    loss, d_params, d_y = loss_and_grads(p08.gmm_nll, params, y)
+    again = loss_and_grads(p08.gmm_nll, params, y)
+    ref_loss, ref_d_params, _ = loss_and_grads(reference_nll, params.double(), y.double())
+    assert rel(loss, ref_loss) < 1e-5 and rel(d_params, ref_d_params) < 1e-2
+    assert torch.equal(loss, again[0]) and torch.equal(d_params, again[1])  # same bits every run
