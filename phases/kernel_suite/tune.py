@@ -22,17 +22,21 @@ def tune_cross_entropy(rows=16384, vocab=128256):
     logits = torch.randn(rows, vocab, device=common.DEVICE, dtype=torch.bfloat16).requires_grad_()
     target = torch.randint(0, vocab, (rows,), device=common.DEVICE)
     ref = torch.autograd.grad(F.cross_entropy(logits.float(), target), logits)[0]
-    for block_v, warps, per_sm in [
-        (16384, 32, 1.0),
-        (32768, 32, 1.0),
-        (16384, 32, 0.5),
-        (32768, 32, 0.5),
-        (16384, 32, 0.75),
-        (16384, 16, 1.0),
-        (8192, 16, 2.0),
-        (8192, 8, 2.0),
-    ]:
-        ce_module.BLOCK_V, ce_module.NUM_WARPS, ce_module.PROGRAMS_PER_SM = block_v, warps, per_sm
+    configs = [
+        (16384, 32, 1.0, False),
+        (32768, 32, 1.0, False),
+        (16384, 32, 0.5, False),
+        (32768, 32, 0.5, False),
+        (16384, 32, 0.75, False),
+        (16384, 16, 1.0, False),
+        (8192, 16, 2.0, False),
+        (16384, 32, 1.0, True),
+        (8192, 32, 1.0, True),
+        (16384, 32, 0.5, True),
+    ]
+    for block_v, warps, per_sm, lanes in configs:
+        ce_module.BLOCK_V, ce_module.NUM_WARPS = block_v, warps
+        ce_module.PROGRAMS_PER_SM, ce_module.LANE_STATE = per_sm, lanes
 
         def step():
             return torch.autograd.grad(ce_module.cross_entropy(logits, target), logits)[0]
@@ -40,7 +44,7 @@ def tune_cross_entropy(rows=16384, vocab=128256):
         err = ((step().float() - ref).norm() / ref.norm()).item()
         t = bench(step, warmup_ms=30, rep_ms=150)
         print(
-            f"cross_entropy {rows}x{vocab} BLOCK_V={block_v} warps={warps} programs/SM={per_sm}: "
+            f"cross_entropy {rows}x{vocab} BLOCK_V={block_v} warps={warps} programs/SM={per_sm} lanes={lanes}: "
             f"{t.ms:.3f} ms (p20 {t.p20_ms:.3f}, p80 {t.p80_ms:.3f})  rel err {err:.1e}"
         )
 
