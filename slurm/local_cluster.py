@@ -26,6 +26,9 @@ from pathlib import Path
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol")
 FAKE_GPUS = 2
+# Job slots, whatever the machine has: two tasks run at once and the rest wait, on every machine
+# (config_overrides lets slurmd accept more CPUs than a one-core machine has).
+CPUS = 2
 
 
 def missing_reason() -> str | None:
@@ -54,7 +57,6 @@ def write_config(root: Path) -> Path:
         node = root / "dev" / f"nvidia{i}"
         if not node.exists():
             os.mknod(node, 0o600 | 0o020000, os.makedev(195, i))  # S_IFCHR
-    cpus = os.cpu_count() or 1
     conf = f"""\
 ClusterName=tritonlab-local
 SlurmctldHost=localhost
@@ -81,8 +83,9 @@ JobCompType=jobcomp/none
 MailProg=/bin/true
 MinJobAge=3600
 ReturnToService=2
+SlurmdParameters=config_overrides
 GresTypes=gpu
-NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:{FAKE_GPUS} State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs={CPUS} Gres=gpu:{FAKE_GPUS} State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
     (root / "slurm.conf").write_text(conf)
