@@ -55,13 +55,16 @@ def random_qkv(batch: int, n: int, head_dim: int, dtype: torch.dtype, n_keys: in
     return make(n), make(n_keys), make(n_keys)
 
 
-def naive_peak_bytes(batch: int, n: int, head_dim: int, dtype: torch.dtype, causal: bool) -> int:
+def naive_peak_bytes(
+    batch: int, n: int, head_dim: int, dtype: torch.dtype, causal: bool, squares: int = 4
+) -> int:
     """What naive attention's forward+backward holds at its peak, by arithmetic: the (B, N, N) score
-    matrix exists about four times over (the scores, the saved softmax, dP and dS), plus the mask,
-    plus q, k, v, O and their gradients."""
+    matrix exists ``squares`` times over -- four in a backward (the saved softmax, dP, dS and the
+    gradient of the unscaled scores), one more while another pass's graph is retained -- plus the
+    mask, plus q, k, v, O and their gradients."""
     elt = torch.finfo(dtype).bits // 8
     square = batch * n * n * elt
-    return 4 * square + (n * n if causal else 0) + 8 * batch * n * head_dim * elt
+    return squares * square + (n * n if causal else 0) + 8 * batch * n * head_dim * elt
 
 
 def device_bytes() -> int:
@@ -283,7 +286,8 @@ def flash_cell(
         label = f"  flash {variant:15s} {shape:22s} {dtype_name}"
         base = {**cell, "variant": variant}
         if variant == "naive":
-            estimate = naive_peak_bytes(batch, n, head_dim, dtype, causal)
+            # Five squares: the correctness pass's graph stays alive while fwd+bwd is timed.
+            estimate = naive_peak_bytes(batch, n, head_dim, dtype, causal, squares=5)
             base["mem_estimate_gb"] = _mb(estimate)
             if ON_GPU and estimate > device_bytes():
                 writer.write(

@@ -45,15 +45,14 @@ class TileConfig:
 # every program in Python, so fewer, smaller blocks are what keeps the CPU tests quick.
 INTERPRETER_CONFIGS = {kernel: TileConfig(16, 16, 4, 1) for kernel in ("fwd", "dq", "dkdv")}
 GPU_CONFIGS = {
-    # (kernel, 16-bit inputs?, head dim <= 64?) -> tiles. Tuned at (16, 16384, 64) and, for the
-    # forward, (8, 8192, 128), causal bf16; the d = 128 backward tiles are the d = 64 choice with
-    # the query/key tile halved where the d = 128 accumulators would not fit in registers.
+    # (kernel, 16-bit inputs?, head dim <= 64?) -> tiles, tuned at (16, 16384, 64) and (8, 8192, 128),
+    # causal bf16 (reports/flash2.md, "Tile tuning"). d <= 32 reuses the d = 64 choice untuned.
     ("fwd", True, True): TileConfig(128, 64, 4, 3),
     ("fwd", True, False): TileConfig(64, 64, 4, 3),
     ("dq", True, True): TileConfig(128, 64, 4, 3),
     ("dq", True, False): TileConfig(64, 64, 4, 3),
     ("dkdv", True, True): TileConfig(32, 64, 4, 4),
-    ("dkdv", True, False): TileConfig(32, 64, 4, 3),
+    ("dkdv", True, False): TileConfig(128, 128, 8, 2),
     # fp32 tiles take twice the shared memory: smaller tiles, and TF32 tensor-core dots.
     ("fwd", False, True): TileConfig(64, 64, 4, 2),
     ("fwd", False, False): TileConfig(64, 32, 4, 2),
