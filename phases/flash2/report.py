@@ -7,7 +7,7 @@ from common.report import Figures, add_speedup, failures_table, markdown_table, 
 KEYS = ["bench", "variant", "shape", "dtype", "pass", "causal"]
 GOAL_SHAPE = "B=16 N=16384 D=64"
 GOAL_MS = 4.0
-DEVICE_GB = 80.0  # H100 80GB HBM3
+CARD_BYTES = 79.18 * 2**30  # what CUDA reports for the H100 80GB HBM3 (quoted in its OOM messages)
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -59,6 +59,9 @@ def _goals(flash: pd.DataFrame) -> str:
             cols = ["head_dim", "seq", "batch", "triton", "sdpa-cudnn", "triton / cuDNN"]
             cols += [c for c in ("sdpa-flash",) if c in piv.columns]
             out.append("Forward TFLOP/s, causal bf16:\n\n" + markdown_table(piv, cols))
+    out.append(
+        "\nEach attempt's prediction, result and why: the notes in [phases/flash2/README.md](../phases/flash2/README.md).\n"
+    )
     return "\n".join(out) + "\n"
 
 
@@ -90,7 +93,7 @@ def _flash(flash: pd.DataFrame, fig: Figures) -> str:
         piv["triton vs cuDNN"] = piv["sdpa-cudnn"] / piv["triton"]
     order = {"fwd": 0, "bwd": 1, "fwd+bwd": 2}
     piv = piv.sort_values(
-        ["dtype", "head_dim", "seq", "pass"], key=lambda s: s.map(order) if s.name == "pass" else s
+        ["dtype", "head_dim", "seq", "batch", "pass"], key=lambda s: s.map(order) if s.name == "pass" else s
     )
     variants = [v for v in ("triton", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "naive") if v in piv]
     cols = ["dtype", "head_dim", "seq", "batch", "pass", *variants, "triton TFLOP/s"]
@@ -119,34 +122,34 @@ def _flash(flash: pd.DataFrame, fig: Figures) -> str:
 def _oom_arithmetic(df: pd.DataFrame) -> str:
     """Work out the memory of one cell that ran out (or would have), from the shapes alone."""
     oom = df.loc[df["status"] == "oom"]
+    real = oom.loc[~oom["error"].str.startswith("not run")]
     if not oom.empty:
-        row = oom.iloc[0]
-        head = (
-            f"The cell {row['bench']} / {row['variant']} at {row['shape']} {row['dtype']} ran out of memory"
-        )
+        row = (real if not real.empty else oom).sort_values("seq").iloc[0]
+        how = "ran out of memory" if not real.empty else "was not run: its estimate exceeds the card"
+        head = f"The cell {row['bench']} / {row['variant']} at {row['shape']} {row['dtype']} {how}"
     else:
         ok = _ok(df.loc[df["bench"] == "attention"])
         if ok.empty:
             return ""
         row = ok.sort_values(["seq", "head_dim"]).iloc[-1]
-        head = f"No naive cell ran out of memory on this {DEVICE_GB:.0f} GB GPU; the largest, {row['shape']} {row['dtype']}"
+        head = f"No naive cell ran out of memory; the largest is {row['shape']} {row['dtype']}"
     batch, n, d = int(row["batch"]), int(row["seq"]), int(row["head_dim"])
     elt = 4 if row["dtype"] == "fp32" else 2
-    square = batch * n * n * elt / 1e9
+    square = batch * n * n * elt
     text = (
         f"\n**Memory of one cell.** {head}. Its score matrix alone is B x N x N x {elt} bytes = "
-        f"{batch} x {n} x {n} x {elt} = {square:.2f} GB, against {8 * batch * n * d * elt / 1e9:.3f} GB for q, k, v, O "
-        f"and their gradients. Autograd keeps the softmax output for the backward, which then builds dP and dS of "
-        f"the same size, while the forward briefly holds the scores next to the softmax: about 4 x {square:.2f} = "
-        f"{4 * square:.1f} GB at the peak"
+        f"{batch} x {n:,} x {n:,} x {elt} = {square / 1e9:.2f} GB ({square / 2**30:.2f} GiB), against "
+        f"{8 * batch * n * d * elt / 1e9:.3f} GB for q, k, v, O and their gradients. The forward holds the scores "
+        f"next to their scaled copy, then the softmax, which autograd keeps; the backward adds dP, dS and the "
+        f"gradient of the unscaled scores: about 4 squares, {4 * square / 1e9:.1f} GB ({4 * square / 2**30:.1f} GiB), "
+        f"at the peak, against the {CARD_BYTES / 2**30:.2f} GiB the card offers"
     )
-    if "peak_gb" in row and pd.notna(row.get("peak_gb")) and row.get("status") == "ok":
+    if row["status"] == "ok":
         text += f" (measured: {row['peak_gb']:.1f} GB at the peak, {row['mem_before_bwd_gb']:.1f} GB before the backward)"
-    # Smallest N that would not fit, at this batch and dtype.
-    n_oom = int((DEVICE_GB * 1e9 / (4 * batch * elt)) ** 0.5)
-    text += (
-        f". At B={batch} in {row['dtype']} the peak passes {DEVICE_GB:.0f} GB from N of about {n_oom:,}.\n"
-    )
+    elif not real.empty:
+        text += f". What the allocator said: `{row['error'][:420]}`"
+    n_limit = int((CARD_BYTES / (4 * batch * elt)) ** 0.5)
+    text += f". By this count, at B={batch} in {row['dtype']} four squares fill the card from N of about {n_limit:,}.\n"
     return text
 
 
@@ -160,6 +163,8 @@ def _naive(df: pd.DataFrame) -> str:
         "memory in use after the forward, before the backward; peak over the cell.\n",
     ]
     ok = _ok(att)
+    if ok.empty:
+        return "\n".join(out) + _oom_arithmetic(df)
     piv = ok.pivot_table(
         index=["dtype", "batch", "head_dim", "seq"], columns="pass", values="ms"
     ).reset_index()
@@ -194,6 +199,11 @@ def _compile(df: pd.DataFrame) -> str:
     )
     peak.columns = [f"peak GB {c}" for c in peak.columns]
     piv = piv.merge(peak.reset_index(), on=["dtype", "batch", "head_dim", "seq"])
+    if "max_err_vs_eager" in comp:
+        err = comp.loc[comp["variant"] == "compile"].groupby(["dtype", "batch", "head_dim", "seq"])[
+            "max_err_vs_eager"
+        ]
+        piv = piv.merge(err.max().reset_index(), on=["dtype", "batch", "head_dim", "seq"])
     out.append(markdown_table(piv))
     return "\n".join(out) + "\n"
 
