@@ -14,6 +14,11 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return df.loc[df["status"] == "ok"]
 
 
+def _reps_note(ok: pd.DataFrame) -> str:
+    """How many timed calls the medians rest on (``--quick`` times on a budget instead of 100 passes)."""
+    return f"Timed calls per median: {int(ok['reps'].min())}–{int(ok['reps'].max())}.\n\n"
+
+
 def _goals(flash: pd.DataFrame) -> str:
     out = ["## Goals\n"]
     goal = _ok(
@@ -98,7 +103,9 @@ def _flash(flash: pd.DataFrame, fig: Figures) -> str:
     variants = [v for v in ("triton", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "naive") if v in piv]
     cols = ["dtype", "head_dim", "seq", "batch", "pass", *variants, "triton TFLOP/s"]
     cols += [c for c in ("triton vs cuDNN",) if c in piv] + ["err_o", "err_dq"]
-    out.append("Milliseconds per call (median), by implementation:\n\n" + markdown_table(piv, cols))
+    out.append(
+        _reps_note(ok) + "Milliseconds per call (median), by implementation:\n\n" + markdown_table(piv, cols)
+    )
     grid = ok.loc[ok["shape"] != GOAL_SHAPE]
     for (dtype, head_dim, pass_), part in grid.groupby(["dtype", "head_dim", "pass"]):
         if pass_ == "bwd" or part["seq"].nunique() < 2:
@@ -175,7 +182,7 @@ def _naive(df: pd.DataFrame) -> str:
     piv = piv.merge(mem, on=["dtype", "batch", "head_dim", "seq"]).rename(
         columns={"fwd": "fwd ms", "bwd": "bwd ms"}
     )
-    out.append(markdown_table(piv))
+    out.append(_reps_note(ok) + markdown_table(piv))
     out.append(_oom_arithmetic(df))
     return "\n".join(out) + "\n"
 
