@@ -7,6 +7,7 @@ SLURM array task, so concurrent runs never write the same file.
 
 import csv
 import datetime as dt
+import itertools
 import os
 import platform
 import traceback
@@ -22,9 +23,15 @@ def data_dir() -> Path:
     return Path(os.environ.get("TRITONLAB_DATA_DIR", REPO_ROOT / "reports" / "data"))
 
 
+_WRITERS_IN_THIS_PROCESS = itertools.count()
+
+
 def _run_id() -> str:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    # Time, host and process tell runs apart; the counter, two writers of one process in one second.
     parts = [stamp, platform.node().split(".")[0] or "host", f"p{os.getpid()}"]
+    if (n := next(_WRITERS_IN_THIS_PROCESS)) > 0:
+        parts.append(f"w{n}")
     if os.environ.get("SLURM_ARRAY_JOB_ID"):
         parts.append(f"a{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}")
     elif os.environ.get("SLURM_JOB_ID"):

@@ -95,3 +95,11 @@ def test_bad_shape_arguments_are_rejected_early():
     with pytest.raises(ValueError, match="M"):
         resolve_shape("small", m_context=0)
     assert resolve_shape("mid").tokens == 4 * 11_000
+
+
+def test_two_writers_in_one_second_get_their_own_files():
+    a, b = ResultWriter("unit"), ResultWriter("unit")
+    a.write({"variant": "a", "ms": 1.0})
+    b.write({"variant": "b", "other": 2.0})
+    assert a.path != b.path
+    assert [r["variant"] for r in read_rows(a.path)] == ["a"]
