@@ -39,10 +39,9 @@ slurm-phase NAME *ARGS:
     mkdir -p reports/logs
     sbatch --job-name=tritonlab-{{NAME}} slurm/phase.sbatch {{NAME}} {{ARGS}}
 
-# Slurm job array of the benchmark matrix, then the reports; ARGS are sbatch flags, e.g. --partition=gpu
+# Slurm job array of the benchmark matrix, then the reports; ARGS are sbatch flags, e.g. --partition=gpu --time=2:00:00
 slurm-matrix *ARGS:
-    mkdir -p reports/logs
-    sbatch {{ARGS}} slurm/run_matrix.sbatch
+    bash slurm/run_matrix.sbatch {{ARGS}}
 
 # Slurm: your queued and running jobs, and the newest logs under reports/logs/
 slurm-status:

@@ -6,6 +6,7 @@
     python -m slurm.matrix collect 1234       # after array job 1234: a failure row for every cell
                                               # that wrote nothing, then every report re-rendered
     python -m slurm.matrix forward 1234       # sbatch flags that job 1234 was submitted with
+    python -m slurm.matrix placement -- -p gpu --time=1:00:00   # of those, where to run: --partition=gpu
 
 ``slurm/run_matrix.sbatch`` calls these; nothing here needs Slurm except ``forward`` and the job
 states ``collect`` quotes. The cells are phase 01's shapes x SDPA backends, chosen by environment
@@ -242,24 +243,25 @@ def collect(array_job_id: str) -> None:
 # --- resubmission --------------------------------------------------------------------------------
 
 # scontrol's field -> the sbatch flag that sets it, so that the array runs where and as the user sent
-# the launcher; the collector gets the placement only (it needs no GPU).
-_PLACEMENT = {
+# the launcher.
+_FORWARDED = {
     "Partition": "--partition",
     "Account": "--account",
     "QOS": "--qos",
     "Reservation": "--reservation",
+    "TimeLimit": "--time",
+    "Features": "--constraint",
+    "JobName": "--job-name",
 }
-_RESOURCES = {"TimeLimit": "--time", "Features": "--constraint", "JobName": "--job-name"}
+# The flags the collector shares with the array: where to run, not what to run with (it needs no GPU).
+_PLACEMENT = {"--partition": "-p", "--account": "-A", "--qos": "-q", "--reservation": None}
 
 
-def forward_flags(scontrol_line: str, placement_only: bool = False) -> list[str]:
+def forward_flags(scontrol_line: str) -> list[str]:
     """The sbatch flags that reproduce a job's placement and resources, from ``scontrol show job -o``."""
     fields = dict(word.split("=", 1) for word in scontrol_line.split() if "=" in word)
     unset = {"", "(null)", "UNLIMITED", "Partition_Limit", "None", "N/A"}
-    wanted = _PLACEMENT if placement_only else {**_PLACEMENT, **_RESOURCES}
-    flags = [f"{flag}={fields[key]}" for key, flag in wanted.items() if fields.get(key, "") not in unset]
-    if placement_only:
-        return flags
+    flags = [f"{flag}={fields[key]}" for key, flag in _FORWARDED.items() if fields.get(key, "") not in unset]
     # GPUs: --gres shows as TresPerNode=gres:gpu:h100:1 (gres/gpu:... in newer Slurm), --gpus as TresPerJob.
     for key, flag in (("TresPerNode", "--gres"), ("TresPerJob", "--gpus")):
         for tres in fields.get(key, "").split(","):
@@ -273,11 +275,24 @@ def forward_flags(scontrol_line: str, placement_only: bool = False) -> list[str]
     return flags
 
 
-def forward(job_id: str, placement_only: bool) -> list[str]:
+def placement_flags(flags: list[str]) -> list[str]:
+    """Of some sbatch flags, those that say where to run (``--partition=gpu``, ``-p gpu``, ...)."""
+    aliases = {short: long for long, short in _PLACEMENT.items() if short} | {
+        long: long for long in _PLACEMENT
+    }
+    kept, words = [], iter(flags)
+    for word in words:
+        name, eq, value = word.partition("=")
+        if name in aliases:
+            kept.append(f"{aliases[name]}={value if eq else next(words, '')}")
+    return kept
+
+
+def forward(job_id: str) -> list[str]:
     out = subprocess.run(
         ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True, timeout=30
     )
-    return forward_flags(out.stdout, placement_only)
+    return forward_flags(out.stdout)
 
 
 def main(argv=None) -> int:
@@ -291,9 +306,10 @@ def main(argv=None) -> int:
     sub.add_parser("collect", help="fill gaps with failure rows, re-render reports").add_argument(
         "array_job_id"
     )
-    fwd = sub.add_parser("forward", help="sbatch flags to resubmit like a given job")
-    fwd.add_argument("job_id")
-    fwd.add_argument("--placement-only", action="store_true", help="partition, account, QOS, reservation")
+    sub.add_parser("forward", help="sbatch flags to resubmit like a given job").add_argument("job_id")
+    sub.add_parser(
+        "placement", help="of some sbatch flags (after --), those saying where to run"
+    ).add_argument("flags", nargs="*")
     args = parser.parse_args(argv)
 
     try:
@@ -309,7 +325,9 @@ def main(argv=None) -> int:
         elif args.command == "collect":
             collect(args.array_job_id)
         elif args.command == "forward":
-            print(shlex.join(forward(args.job_id, args.placement_only)))
+            print(shlex.join(forward(args.job_id)))
+        elif args.command == "placement":
+            print(shlex.join(placement_flags(args.flags)))
     except ValueError as err:
         parser.error(str(err))
     return 0

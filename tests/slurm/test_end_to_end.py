@@ -24,35 +24,41 @@ pytestmark = pytest.mark.slurm
 TIMEOUT_S = 240
 
 
-def submit_matrix(cluster, checkout: Path, env: dict, *flags: str, cancel_task: int | None = None) -> dict:
-    """Submit the matrix as a user would (cancelling one task while it waits, if asked), wait until
-    the queue is empty; returns the job ids."""
-    out = subprocess.run(
-        ["sbatch", "--parsable", *flags, "slurm/run_matrix.sbatch"],
-        cwd=checkout,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 0, f"sbatch failed:\n{out.stderr}"
-    launcher = out.stdout.strip().split(";")[0]
-    launcher_log = checkout / "reports" / "logs" / f"tritonlab-matrix-{launcher}.out"
-    if cancel_task is not None:
+def launch_matrix(
+    cluster, checkout: Path, env: dict, command: list[str], cancel_task: int | None = None
+) -> dict:
+    """Launch the matrix as a user would -- `sbatch slurm/run_matrix.sbatch` (a launcher job) or
+    `just slurm-matrix` (launched right here) -- optionally cancel one task while it waits, and
+    wait until the queue is empty; returns the job ids."""
+    out = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"{command} failed:\n{out.stdout}\n{out.stderr}"
+    launched = out.stdout
+    if command[0] == "sbatch":
+        launcher = re.search(r"Submitted batch job (\d+)", out.stdout)[1]
+        launcher_log = checkout / "reports" / "logs" / f"tritonlab-matrix-{launcher}.out"
         deadline = time.monotonic() + 60
-        while not (launcher_log.exists() and "array job" in launcher_log.read_text()):
-            assert time.monotonic() < deadline, f"no array job yet\n{all_logs(checkout)}\n{cluster.logs()}"
+        while not (launcher_log.exists() and "collector job" in launcher_log.read_text()):
+            if time.monotonic() > deadline or not cluster.run("squeue", "-h", "-o", "%i").stdout.strip():
+                pytest.fail(f"the launcher did not submit the array\n{all_logs(checkout)}\n{cluster.logs()}")
             time.sleep(0.2)
-        array = re.search(r"array job (\d+)", launcher_log.read_text())[1]
-        task = f"{array}_{cancel_task}"
+        launched = launcher_log.read_text()
+    found = re.search(r"array job (\d+) .* collector job (\d+)", launched)
+    assert found, f"no array and collector job in:\n{launched}"
+    jobs = {"array": found[1], "collector": found[2]}
+    if cancel_task is not None:
+        task = f"{jobs['array']}_{cancel_task}"
         state = cluster.run("squeue", "-h", "-r", "-j", task, "-o", "%T").stdout.strip()
         assert state == "PENDING", f"task {task} should still be waiting for a CPU, not {state!r}"
         cluster.run("scancel", task)
     wait_for_empty_queue(cluster, checkout)
-    assert launcher_log.exists(), f"no launcher log\n{all_logs(checkout)}\n{cluster.logs()}"
-    found = re.search(r"array job (\d+) .* collector job (\d+)", launcher_log.read_text())
-    assert found, f"the launcher did not submit the array:\n{all_logs(checkout)}"
-    return {"launcher": launcher, "array": found[1], "collector": found[2]}
+    return jobs
+
+
+def just_command() -> str:
+    just = shutil.which("just") or str(Path(sys.prefix) / "bin" / "just")
+    if not Path(just).exists():
+        pytest.skip("`just` is not installed (uv sync installs it with the dev group)")
+    return just
 
 
 def wait_for_empty_queue(cluster, checkout: Path) -> None:
@@ -114,12 +120,15 @@ def test_matrix_writes_a_row_per_cell_and_the_report(cluster, checkout):
     env = job_env(cluster, TRITONLAB_MATRIX="cpu")
     matrix = cells(env)
     assert len(matrix) >= 2
-    jobs = submit_matrix(cluster, checkout, env)
+    jobs = launch_matrix(cluster, checkout, env, ["sbatch", "--time=00:30:00", "slurm/run_matrix.sbatch"])
     logs = all_logs(checkout)
 
     assert job_state(cluster, jobs["collector"]) == "COMPLETED", logs
     for index in range(len(matrix)):
         assert job_state(cluster, f"{jobs['array']}_{index}") == "COMPLETED", logs
+        # The launcher job passed on what it was given: the time flag and the template's GPU request.
+        assert job_field(cluster, f"{jobs['array']}_{index}", "TimeLimit") == "00:30:00"
+        assert job_field(cluster, f"{jobs['array']}_{index}", "TresPerNode") == "gres:gpu:1"
         assert (checkout / "reports" / "logs" / f"tritonlab-matrix-{jobs['array']}_{index}.out").exists()
     rows = check_cell_rows(read_rows(checkout), matrix, jobs)
     for row in rows.values():
@@ -160,12 +169,13 @@ def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
     backends = "math efficient no-such-backend flash"
     env = job_env(cluster, TRITONLAB_MATRIX="cpu", TRITONLAB_MATRIX_BACKENDS=backends)
     matrix = cells(env)
-    jobs = submit_matrix(cluster, checkout, env, "--time=00:20:00", "--partition=debug", cancel_task=3)
+    command = [just_command(), "slurm-matrix", "--time=00:20:00", "-p", "debug"]
+    jobs = launch_matrix(cluster, checkout, env, command, cancel_task=3)
     logs = all_logs(checkout)
 
     assert job_state(cluster, jobs["collector"]) == "COMPLETED", logs
     assert job_state(cluster, f"{jobs['array']}_2") == "FAILED", "a dead cell's task must fail in Slurm too"
-    # The launcher's own sbatch flags reach the array (and placement the collector).
+    # The flags given to `just slurm-matrix` reach the array, and the placement ones the collector.
     assert job_field(cluster, f"{jobs['array']}_0", "TimeLimit") == "00:20:00"
     assert job_field(cluster, f"{jobs['array']}_0", "TresPerNode") == "gres:gpu:1"
     assert job_field(cluster, jobs["collector"], "Partition") == "debug"
@@ -194,9 +204,7 @@ def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
 
 def test_phase_job_both_ways_of_submitting(cluster, checkout):
     """`just slurm-phase 01 ...` (positional arguments) and `sbatch --export=...,PHASE,ARGS`."""
-    just = shutil.which("just") or str(Path(sys.prefix) / "bin" / "just")
-    if not Path(just).exists():
-        pytest.skip("`just` is not installed (uv sync installs it with the dev group)")
+    just = just_command()
     env = job_env(cluster)
     args = ["--shape", "tiny", "--sdpa-backend", "math", "--modes", "eager", "--steps", "1", "--warmup", "0"]
     by_just = subprocess.run(

@@ -8,7 +8,16 @@ import pytest
 
 from common.results import data_dir
 from slurm import matrix
-from slurm.matrix import PHASE, Cell, array_range, cells, forward_flags, record_missing, run_cell
+from slurm.matrix import (
+    PHASE,
+    Cell,
+    array_range,
+    cells,
+    forward_flags,
+    placement_flags,
+    record_missing,
+    run_cell,
+)
 
 from .conftest import REPO
 
@@ -69,17 +78,36 @@ SCONTROL = (
 
 
 def test_forwarded_flags_reproduce_placement_and_resources():
-    assert forward_flags(SCONTROL) == [
-        "--partition=debug",
-        "--time=00:05:00",
-        "--job-name=tritonlab-matrix",
-        "--gres=gpu:1",
-    ]
-    assert forward_flags(SCONTROL, placement_only=True) == ["--partition=debug"]
+    flags = forward_flags(SCONTROL)
+    assert flags == ["--partition=debug", "--time=00:05:00", "--job-name=tritonlab-matrix", "--gres=gpu:1"]
+    assert placement_flags(flags) == ["--partition=debug"]
     custom = SCONTROL.replace("Account=(null)", "Account=proj").replace("CPUs/Task=1", "CPUs/Task=8")
     custom = custom.replace("TresPerNode=gres:gpu:1", "TresPerNode=gres/gpu:h100:2")
     flags = forward_flags(custom)
     assert "--account=proj" in flags and "--cpus-per-task=8" in flags and "--gres=gpu:h100:2" in flags
+
+
+def test_placement_flags_in_every_spelling():
+    given = [
+        "-p",
+        "gpu",
+        "--time=2:00:00",
+        "--account",
+        "proj",
+        "-q",
+        "high",
+        "--gres=gpu:2",
+        "--reservation=r",
+    ]
+    assert placement_flags(given) == ["--partition=gpu", "--account=proj", "--qos=high", "--reservation=r"]
+    out = subprocess.run(
+        [sys.executable, "-m", "slurm.matrix", "placement", "--", *given],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == placement_flags(given)
 
 
 @pytest.fixture
