@@ -26,19 +26,15 @@ TANH_COEF = tl.constexpr(0.044715)
 
 
 @triton.jit
-def _tanh(u):
-    # tanh(u) = 2*sigmoid(2u) - 1: no libdevice call, so the interpreter runs it too.
-    return 2.0 * tl.sigmoid(2.0 * u) - 1.0
-
-
-@triton.jit
 def _gelu_and_slope(x, APPROX_TANH: tl.constexpr):
     """GELU(x) and its derivative, in fp32."""
     if APPROX_TANH:
+        # 0.5 * (1 + tanh(u)) = sigmoid(2u): no cancellation where tanh(u) is near -1, and no libdevice
+        # call, so the interpreter runs it too. 1 - tanh(u)**2 = 4 * s * (1 - s).
         u = SQRT_2_OVER_PI * (x + TANH_COEF * x * x * x)
-        t = _tanh(u)
-        y = 0.5 * x * (1.0 + t)
-        slope = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * TANH_COEF * x * x)
+        s = tl.sigmoid(2.0 * u)
+        y = x * s
+        slope = s + 2.0 * x * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 3.0 * TANH_COEF * x * x)
     else:
         cdf = 0.5 * (1.0 + tl.erf(x * SQRT_HALF))
         y = x * cdf

@@ -26,19 +26,10 @@ def tune_cross_entropy(rows=16384, vocab=128256):
     logits = torch.randn(rows, vocab, device=common.DEVICE, dtype=torch.bfloat16).requires_grad_()
     target = torch.randint(0, vocab, (rows,), device=common.DEVICE)
     ref = torch.autograd.grad(F.cross_entropy(logits.float(), target), logits)[0]
-    configs = [
-        (16384, 32, 1.0, False),
-        (32768, 32, 1.0, False),
-        (16384, 32, 0.5, False),
-        (16384, 32, 0.75, False),
-        (8192, 16, 2.0, False),
-        (16384, 32, 1.0, True),
-        (16384, 32, 0.5, True),
-    ]
+    configs = [(16384, 32, 1.0), (32768, 32, 1.0), (16384, 32, 0.5), (16384, 32, 0.75), (8192, 16, 2.0)]
     results = []
-    for block_v, warps, per_sm, lanes in configs:
-        ce_module.BLOCK_V, ce_module.NUM_WARPS = block_v, warps
-        ce_module.PROGRAMS_PER_SM, ce_module.LANE_STATE = per_sm, lanes
+    for block_v, warps, per_sm in configs:
+        ce_module.BLOCK_V, ce_module.NUM_WARPS, ce_module.PROGRAMS_PER_SM = block_v, warps, per_sm
 
         def step():
             return torch.autograd.grad(ce_module.cross_entropy(logits, target), logits)[0]
@@ -46,9 +37,9 @@ def tune_cross_entropy(rows=16384, vocab=128256):
         err = ((step().float() - ref).norm() / ref.norm()).item()
         t = bench(step, warmup_ms=30, rep_ms=150)
         if err < 1e-2:
-            results.append((t.ms, (block_v, warps, per_sm, lanes)))
+            results.append((t.ms, (block_v, warps, per_sm)))
         print(
-            f"cross_entropy {rows}x{vocab} BLOCK_V={block_v} warps={warps} programs/SM={per_sm} lanes={lanes}: "
+            f"cross_entropy {rows}x{vocab} BLOCK_V={block_v} warps={warps} programs/SM={per_sm}: "
             f"{t.ms:.3f} ms (p20 {t.p20_ms:.3f}, p80 {t.p80_ms:.3f})  rel err {err:.1e}"
         )
     return min(results)[1]
@@ -89,11 +80,11 @@ def main() -> None:
     args = parser.parse_args()
     print(common.interpreter_banner())
     best = tune_cross_entropy()
-    print(f"fastest cross-entropy setting (BLOCK_V, warps, programs/SM, lanes): {best}")
+    print(f"fastest cross-entropy setting (BLOCK_V, warps, programs/SM): {best}")
     tune_rms_norm_backward(((65536, 8192),))
     rms_module.BWD_WARPS_PER_SM = 32
     if args.bench:
-        ce_module.BLOCK_V, ce_module.NUM_WARPS, ce_module.PROGRAMS_PER_SM, ce_module.LANE_STATE = best
+        ce_module.BLOCK_V, ce_module.NUM_WARPS, ce_module.PROGRAMS_PER_SM = best
         importlib.import_module("phases.kernel_suite.__main__").main(
             ["--quick", "--kernels", "cross_entropy"]
         )

@@ -99,7 +99,11 @@ def test_gelu_matches_float64(approximate, shape, rel_err):
     xr = f64(x)
     yr = F.gelu(xr, approximate=approximate)
     (dxr,) = torch.autograd.grad(yr, xr, dy.double())
-    assert rel_err(y, yr) < FP32_TOL and rel_err(dx, dxr) < FP32_TOL
+    # Deep in the left tail (x < -4) fp32's erf(z) is -1 to within its absolute error of 2**-24, so
+    # 1 + erf(z) -- in our kernel as in PyTorch's fp32 GELU -- is off by up to 6e-8 absolute: errors
+    # are measured against 1% of ||x|| (resp. ||dy||) when the output itself is that small.
+    assert rel_err(y, yr, scale=0.01 * x.norm().item()) < FP32_TOL
+    assert rel_err(dx, dxr, scale=0.01 * dy.norm().item()) < FP32_TOL
 
 
 def test_gelu_fp16_transposed_input_zero_stride_grad(rel_err):
