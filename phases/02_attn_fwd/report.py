@@ -46,6 +46,7 @@ def render_attention(df: pd.DataFrame, fig: Figures, *, title: str, goals) -> st
             "x_vs_cudnn",
             "x_vs_flash",
             "peak_mem_gb",
+            "call_mem_gb",
             "err_o",
             "config",
         ]
@@ -55,8 +56,11 @@ def render_attention(df: pd.DataFrame, fig: Figures, *, title: str, goals) -> st
         f"## {title}: TransformerNP shapes (H = 8, D = 64, bf16)\n",
         "TFLOP/s count the forward as 4·B·H·Lq·Lk·D and the backward as 2.5× that; `x_vs_*` is "
         "the SDPA backend's time over this row's, measured in the same run. `err_o` is the max "
-        "abs error of the output against SDPA cuDNN, checked before timing; peak memory includes "
-        "the inputs.\n",
+        "abs error of the output against SDPA cuDNN, checked before timing (and, with a backward, "
+        "dq, dk, dv within 3% of the largest SDPA gradient). `peak_mem_gb` is the device's peak "
+        "during one call, inputs included -- and, in every row after a run's first, the 0.27 GB "
+        "L2-flush buffer of `common.bench` (the first row of a run reads 0.27 GB lower); newer rows "
+        "add `call_mem_gb`, what the call itself allocates.\n",
         markdown_table(ok.loc[ok["shape"].isin(TNP_SHAPES)].sort_values(["shape", "ms"]), cols),
     ]
     parts += ["\n### Goals\n", goals_table(df, goals)]
