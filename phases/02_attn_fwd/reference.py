@@ -117,3 +117,25 @@ def model_gradient_errors(attention, dtype: str = "fp32", seed: int = 0) -> dict
         for n, g in grads_ref.items()
     )
     return {"loss": abs(loss - loss_ref).item() / abs(loss_ref).item(), "grads": grad_err}
+
+
+def errors_against_sdpa(attention, B: int, H: int, Lq: int, Lk: int, D: int = 64, seed: int = 0) -> dict:
+    """Max abs error of o and relative errors of dq, dk, dv against SDPA cuDNN, bf16 on the GPU --
+    for shapes too large for a float64 reference (the mid shape)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (
+        t.detach().requires_grad_()
+        for t in strided_inputs(B, H, Lq, Lk, D, torch.bfloat16, "cuda", seed=seed)
+    )
+    do = torch.randn(B, H, Lq, D, device="cuda", dtype=torch.bfloat16)
+    with poisoned_allocations():
+        o = attention(q, k, v)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o_ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        grads_ref = torch.autograd.grad(o_ref, (q, k, v), do)
+    errors = {"o": (o.float() - o_ref.float()).abs().max().item()}
+    for name, a, b in zip(("dq", "dk", "dv"), grads, grads_ref, strict=True):
+        errors[name] = (a.float() - b.float()).abs().max().item() / b.float().abs().max().item()
+    return errors
