@@ -274,7 +274,7 @@ def _configs(gpu: list[tuple], cpu: tuple) -> list[triton.Config]:
 # doubles the first GEMM. The autotuner measures both.
 FWD_CONFIGS = _configs(
     gpu=[(64, 256, 64, 64, 8, 3), (128, 256, 64, 64, 8, 3), (64, 512, 64, 64, 8, 3), (64, 512, 32, 64, 8, 3)],
-    cpu=(64, 128, 64, 128, 4, 1),
+    cpu=(64, 128, 128, 256, 4, 1),
 )
 HIDDEN_CONFIGS = _configs(
     gpu=[
@@ -283,7 +283,7 @@ HIDDEN_CONFIGS = _configs(
         (64, 64, 128, 64, 4, 3),
         (128, 64, 256, 64, 8, 3),
     ],
-    cpu=(64, 128, 64, 128, 4, 1),
+    cpu=(64, 128, 128, 256, 4, 1),
 )
 
 fused_mlp_fwd = triton.autotune(FWD_CONFIGS, key=["T", "D_FF", "N_OUT", "D_IN", "SAVE_PREACT"])(
@@ -341,13 +341,29 @@ def _hidden_call(x, w1, w2, *, a=None, dy=None, da=None, h=None, recompute_a, wr
     )
 
 
+def aligned_empty(rows: int, cols: int, like: Tensor) -> Tensor:
+    """An uninitialised (rows, cols) view whose row stride is a multiple of 16 elements.
+
+    cuBLAS runs its fast tensor-core GEMMs only on 16-byte-aligned leading dimensions, and a row of
+    d_ff = 1365 bf16 values is 2730 bytes: a (T, 1365) matrix with rows 1376 apart costs 0.8% more
+    memory and keeps the backward's GEMMs (and Triton's vector loads and stores) on the fast path.
+    """
+    stride = triton.cdiv(cols, 16) * 16
+    return torch.empty((rows, stride), dtype=like.dtype, device=like.device)[:, :cols]
+
+
 def _hidden_backward(x, w1, w2, a, dy, recompute_a):
     """da and h for the backward, from the saved a or from x and W1."""
     T, D_FF = x.shape[0], w1.shape[0]
-    da = torch.empty((T, D_FF), dtype=x.dtype, device=x.device)
-    h = torch.empty_like(da)
+    da, h = aligned_empty(T, D_FF, x), aligned_empty(T, D_FF, x)
     _hidden_call(x, w1, w2, a=a, dy=dy, da=da, h=h, recompute_a=recompute_a)
     return da, h
+
+
+def _weight_grads_and_dx(x, w1, dy, da, h):
+    """dx = da W1, dW1 = daᵀ x, dW2 = dyᵀ h, on cuBLAS. dW2 is computed as (hᵀ dy)ᵀ, so the GEMM writes
+    a (D_FF, N_OUT) matrix with aligned rows; the gradient is its transposed view."""
+    return da @ w1, da.t() @ x, (h.t() @ dy).t()
 
 
 class _FusedMLP(torch.autograd.Function):
@@ -358,7 +374,7 @@ class _FusedMLP(torch.autograd.Function):
         T, D_IN = x.shape
         D_FF, N_OUT = w1.shape[0], w2.shape[0]
         y = torch.empty((T, N_OUT), dtype=x.dtype, device=x.device)
-        a = torch.empty((T, D_FF), dtype=x.dtype, device=x.device) if save_preactivation else None
+        a = aligned_empty(T, D_FF, x) if save_preactivation else None
         a_strides = (a.stride(0), 0, a.stride(1)) if a is not None else (0, 0, 0)
 
         def grid(meta):
@@ -391,8 +407,9 @@ class _FusedMLP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: Tensor):
         x, w1, w2, a = ctx.saved_tensors
-        da, h = _hidden_backward(x, w1, w2, a, dy.contiguous(), recompute_a=a is None)
-        return da @ w1, da.t() @ x, dy.t() @ h, None
+        dy = dy.contiguous()
+        da, h = _hidden_backward(x, w1, w2, a, dy, recompute_a=a is None)
+        return *_weight_grads_and_dx(x, w1, dy, da, h), None
 
 
 class _GemmSiluThenCublas(torch.autograd.Function):
@@ -401,17 +418,18 @@ class _GemmSiluThenCublas(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
         T, D_FF = x.shape[0], w1.shape[0]
-        a = torch.empty((T, D_FF), dtype=x.dtype, device=x.device)
-        h = torch.empty_like(a)
+        a, h = aligned_empty(T, D_FF, x), aligned_empty(T, D_FF, x)
         _hidden_call(x, w1, w2, a=a, h=h, recompute_a=True, write_a=True)
         ctx.save_for_backward(x, w1, w2, a)
-        return h @ w2.t()
+        w2_aligned = aligned_empty(*w2.shape, w2).copy_(w2)  # w2's own rows are D_FF long
+        return h @ w2_aligned.t()
 
     @staticmethod
     def backward(ctx, dy: Tensor):
         x, w1, w2, a = ctx.saved_tensors
-        da, h = _hidden_backward(x, w1, w2, a, dy.contiguous(), recompute_a=False)
-        return da @ w1, da.t() @ x, dy.t() @ h
+        dy = dy.contiguous()
+        da, h = _hidden_backward(x, w1, w2, a, dy, recompute_a=False)
+        return _weight_grads_and_dx(x, w1, dy, da, h)
 
 
 # --- the public functions ----------------------------------------------------------------------
