@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from .device import ON_GPU
+from .timing import l2_flush_buffer
 
 
 class OutOfMemory(RuntimeError):
@@ -23,6 +24,11 @@ class PeakMemory:
     def peak_gb(self) -> float:
         return self.peak_bytes / 1e9
 
+    @property
+    def added_gb(self) -> float:
+        """What the region itself added on top of what was allocated when it began."""
+        return (self.peak_bytes - self.start_bytes) / 1e9
+
 
 @contextlib.contextmanager
 def measure_peak_memory():
@@ -34,6 +40,7 @@ def measure_peak_memory():
     """
     mem = PeakMemory()
     if ON_GPU:
+        l2_flush_buffer()  # allocated before the start, so every region's peak counts it alike
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         mem.start_bytes = torch.cuda.memory_allocated()

@@ -79,14 +79,14 @@ class _Clock:
         return [(key, (b - a) * 1e3) for key, a, b in self._pairs]
 
 
-_L2_FLUSH: dict = {}
+_L2_FLUSH: list[torch.Tensor] = []
 
 
-def _flush_l2() -> None:
-    # Overwrite more than the L2 (50 MB on H100) so every timed call starts from device memory.
-    if "buf" not in _L2_FLUSH:
-        _L2_FLUSH["buf"] = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    _L2_FLUSH["buf"].zero_()
+def l2_flush_buffer() -> torch.Tensor:
+    """The buffer :func:`bench` overwrites to empty the L2 cache (more than H100's 50 MB)."""
+    if not _L2_FLUSH:
+        _L2_FLUSH.append(torch.empty(256 * 2**20, dtype=torch.int8, device="cuda"))
+    return _L2_FLUSH[0]
 
 
 def bench(
@@ -118,7 +118,7 @@ def bench(
     clock = _Clock()
     for _ in range(n_reps):
         if ON_GPU and flush_l2:
-            _flush_l2()
+            l2_flush_buffer().zero_()
         started = clock.start()
         fn()
         clock.stop(started)
