@@ -4,7 +4,7 @@
     python -m slurm.matrix array              # the --array range, e.g. 0-11 (no number kept by hand)
     python -m slurm.matrix run-cell 3         # run cell 3 here; if it dies, its rows become failure rows
     python -m slurm.matrix collect 1234       # after array job 1234: a failure row for every cell
-                                              # that wrote nothing, then every report re-rendered
+                                              # that wrote nothing, then the report re-rendered
     python -m slurm.matrix forward 1234       # sbatch flags that job 1234 was submitted with
     python -m slurm.matrix placement -- -p gpu --time=1:00:00   # of those, where to run: --partition=gpu
 
@@ -224,8 +224,10 @@ def _job_state(job: str) -> str:
 
 
 def collect(array_job_id: str) -> None:
-    """Once the whole array has ended: fill the gaps with failure rows, then re-render the reports."""
-    from common.report import render_all
+    """Once the whole array has ended: fill the gaps with failure rows, then re-render the report of
+    the matrix's phase and the index (what `python -m common.report 01_baseline` does)."""
+    from common.report import render_phase, reports_dir, write_index
+    from common.results import data_dir
 
     for index, cell in enumerate(cells()):
         with as_array_task(array_job_id, index):
@@ -236,8 +238,8 @@ def collect(array_job_id: str) -> None:
             )
         if rows:
             print(f"cell {index} ({state}): recorded {len(rows)} failure row(s)")
-    for path in render_all():
-        print(f"report: {path}")
+    print(f"report: {render_phase(PHASE)}")
+    print(f"index: {write_index(reports_dir(), sorted(p.name for p in data_dir().iterdir() if p.is_dir()))}")
 
 
 # --- resubmission --------------------------------------------------------------------------------

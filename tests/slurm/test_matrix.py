@@ -164,7 +164,7 @@ def test_collect_fills_cells_whose_task_never_ran(array_task, monkeypatch, tmp_p
         ("eager+sdpa-flash", "1"),
     ]
     assert all("Slurm state: TIMEOUT" in r["error"] and r["run_group"] == "91" for r in rows)
-    assert (data_dir().parent / f"{PHASE}.md").exists()
+    assert (data_dir().parent / f"{PHASE}.md").exists() and (data_dir().parent / "README.md").exists()
 
 
 def test_log_directory_exists_in_a_clean_clone():
