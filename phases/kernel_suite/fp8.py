@@ -35,7 +35,9 @@ def _round_to_e4m3(v):
     keep_lsb = (bits >> 20) & 1
     normal = ((bits + 0x7FFFF + keep_lsb) & -1048576).to(tl.float32, bitcast=True)  # -1048576 == 0xFFF00000
     # Subnormals (|v| < 2**-6) are multiples of 2**-9: adding and removing 1.5 * 2**14 rounds to one.
-    subnormal = (v + 24576.0) - 24576.0
+    # Done on |v| with the sign put back, so a negative value rounding to zero gives -0 as the cast does.
+    magnitude = (tl.abs(v) + 24576.0) - 24576.0
+    subnormal = magnitude * tl.where(v < 0.0, -1.0, 1.0)  # (Triton's unary minus is 0 - x: +0, not -0)
     return tl.where(tl.abs(v) < 0.015625, subnormal, normal)
 
 
