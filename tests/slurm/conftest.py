@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
+def session_cluster(tmp_path_factory):
+    """Started once for all the slurm tests; stopped by PID at the end of the session."""
     reason = missing_reason()
     if reason:
         if os.environ.get("TRITONLAB_REQUIRE_SLURM") == "1":
@@ -31,6 +33,18 @@ def cluster(tmp_path_factory):
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture
+def cluster(session_cluster):
+    """The cluster, left with an empty queue whatever the test did (a failed test may leave jobs)."""
+    yield session_cluster
+    session_cluster.run("scancel", "--full", "--user=root", check=False)
+    deadline = time.monotonic() + 30
+    while session_cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.strip():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
 
 
 @pytest.fixture
