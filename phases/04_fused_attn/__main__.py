@@ -2,6 +2,7 @@
 
     python -m phases.04_fused_attn                        # small, mid, large (tiny on the CPU)
     python -m phases.04_fused_attn --shape mid --sweep    # and the Lk sweep, Lq = 1.1 Lk
+    python -m phases.04_fused_attn --two-pass-on small    # phase 03 side by side only at small
 
 ``attention`` (fused.py) runs phase 02's forward and a backward of one launch: key programs
 accumulate dK, dV and query programs accumulate dQ side by side in the same grid, each computing
@@ -10,6 +11,7 @@ share the SMs. Each row records the autotuned config and the compiler's report f
 per thread, spilled bytes). Timings are forward + backward, checked against SDPA first.
 """
 
+import argparse
 import importlib
 
 from common import ResultWriter, interpreter_banner
@@ -24,9 +26,17 @@ benchmark = importlib.import_module("phases.02_attn_fwd.benchmark")
 
 
 def main(argv=None) -> None:
-    args = benchmark.parse_args("python -m phases.04_fused_attn", __doc__.splitlines()[0], argv)
+    # Phase 03 runs side by side on the TNP shapes named here (all by default): at the large
+    # shape its autotuning alone takes about half a minute of device time.
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--two-pass-on", nargs="*", default=None)
+    known, rest = extra.parse_known_args(argv)
+    args = benchmark.parse_args("python -m phases.04_fused_attn", __doc__.splitlines()[0], rest)
     print(interpreter_banner())
-    print(f"search space (BLOCK_M, BLOCK_N, num_warps, num_stages): {FUSED_SEARCH_SPACE}")
+    print(
+        "search space (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages, KEYS_WRITE_DQ): "
+        f"{FUSED_SEARCH_SPACE}"
+    )
     variants = {"triton-fused": attention, **benchmark.sdpa_variants()}
 
     def config_of(variant: str) -> dict:
@@ -37,11 +47,14 @@ def main(argv=None) -> None:
         return {}
 
     writer = ResultWriter(PHASE)
-    # Phase 03 runs side by side on the TNP shapes; the sweep (phase 03 has its own) skips it.
+    # The sweep (phase 03 has its own) runs without phase 03.
     tnp_cases = [c for c in args.cases if not c.name.startswith("sweep")]
     sweep_cases = [c for c in args.cases if c.name.startswith("sweep")]
     with_two_pass = {**variants, "triton-2pass": two_pass.attention}
-    benchmark.measure(writer, with_two_pass, tnp_cases, backward=True, config_of=config_of)
+    for case in tnp_cases:
+        side_by_side = known.two_pass_on is None or case.name in known.two_pass_on
+        chosen = with_two_pass if side_by_side else variants
+        benchmark.measure(writer, chosen, [case], backward=True, config_of=config_of)
     benchmark.measure(writer, variants, sweep_cases, backward=True, config_of=config_of)
     print(f"rows: {writer.path}")
     if not args.no_report:

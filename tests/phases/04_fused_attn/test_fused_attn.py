@@ -4,10 +4,12 @@ import importlib
 
 import pytest
 import torch
+from triton.runtime.errors import OutOfResources
 
 import common
 
 fused = importlib.import_module("phases.04_fused_attn")
+fused_module = importlib.import_module("phases.04_fused_attn.fused")
 ref = importlib.import_module("phases.02_attn_fwd.reference")
 
 TOLERANCE = {torch.float32: 5e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
@@ -85,3 +87,21 @@ def test_plugged_into_the_model_matches_sdpa_bf16_on_gpu():
 def test_mid_shape_matches_sdpa_on_gpu():
     errors = ref.errors_against_sdpa(fused.attention, B=4, H=8, Lq=11_000, Lk=10_000)
     assert errors["o"] < 1e-2 and max(errors["dq"], errors["dk"], errors["dv"]) < 3e-2, errors
+
+
+class _Compiled:
+    def __init__(self, n_spills):
+        self.n_spills = n_spills
+
+
+def test_spilling_configs_are_pruned():
+    spills = {"a": 30, "b": 0, "c": 8, "d": 0}
+
+    def compile_for_call(config):
+        if config == "too-big":
+            raise OutOfResources(300_000, 232_448, "shared memory")
+        return _Compiled(spills[config])
+
+    assert fused_module._drop_spilling(["a", "b", "too-big", "c", "d"], compile_for_call) == ["b", "d"]
+    # Every config spills: the least-spilling one, so that the call still runs (and is reported).
+    assert fused_module._drop_spilling(["a", "c", "too-big"], compile_for_call) == ["c"]
