@@ -115,6 +115,8 @@ def markdown_table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
     for col in view.columns:
         if pd.api.types.is_numeric_dtype(view[col]) and not pd.api.types.is_bool_dtype(view[col]):
             view[col] = view[col].map(format_number)
+        else:  # a cell a row does not have is blank, not "nan"
+            view[col] = view[col].astype(object).where(view[col].notna(), "")
     return view.to_markdown(index=False, disable_numparse=True) + "\n"
 
 
