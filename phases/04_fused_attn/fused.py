@@ -164,8 +164,11 @@ def _prune(configs, named_args, **kwargs):
     ]
     kept = kept or [c for c in configs if not c.kwargs["KEYS_WRITE_DQ"]][-1:]
 
+    # The autotuner hands the prune its own launch arguments (grid, warmup) with the call's meta.
+    meta = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+
     def compile_for_call(config):
-        kernel = _fused_bwd_kernel.warmup(*named_args.values(), grid=(1,), **kwargs, **config.all_kwargs())
+        kernel = _fused_bwd_kernel.warmup(*named_args.values(), grid=(1,), **meta, **config.all_kwargs())
         kernel = kernel.result() if hasattr(kernel, "result") else kernel
         kernel._init_handles()  # loads the binary: this is where registers and spills are read
         return kernel
