@@ -12,14 +12,28 @@ Phases 06-08 measure every variant the same way, side by side in one run:
 torch.compile's backward normally frees ("donates") saved buffers as it goes, which forbids the
 ``retain_graph`` the backward timing needs; ``measure_fwd_bwd`` turns donation off, which can only
 raise compile's peak memory a little, not change its times.
+
+The phase scripts share the sweep around it too: the command line (``--shape``, ``--variants``) and
+one cell -- measured, written as a CSV row and printed, or written and printed as a failure.
 """
 
+import argparse
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from common import ON_GPU, bench, measure_peak_memory
+from common import (
+    ON_GPU,
+    SHAPES,
+    ResultWriter,
+    bench,
+    failure_row,
+    interpreter_banner,
+    measure_peak_memory,
+    resolve_shape,
+)
+from common.report import render_phase
 
 BENCH = {"warmup_ms": 25.0, "rep_ms": 150.0} if ON_GPU else {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}
 
@@ -84,3 +98,88 @@ def _measure(fn: Callable, inputs: list[Tensor], grad_out: Tensor) -> dict:
         "saved_mb": kept / 1e6,
         "peak_mb": max(mem.peak_bytes - before, 0) / 1e6,
     }
+
+
+def check_and_measure(fn: Callable, reference: Callable, inputs: list[Tensor], grad_out: Tensor) -> dict:
+    """The error columns (checked before any clock starts), then the time and memory columns."""
+    return {**check_against(fn, reference, inputs, grad_out), **measure_fwd_bwd(fn, inputs, grad_out)}
+
+
+# -- the sweep around it: command line, one cell at a time, the report at the end --------------------
+
+
+def sweep_arg_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The parser with ``--shape``; a phase adds its own options, then calls ``parse_sweep_args``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument(
+        "--shape",
+        nargs="+",
+        default=None,
+        help=f"any of {', '.join(SHAPES)} (default: small mid large on a GPU, tiny on the CPU)",
+    )
+    return parser
+
+
+def parse_sweep_args(
+    parser: argparse.ArgumentParser, known_variants: list[str], argv=None
+) -> argparse.Namespace:
+    """Adds ``--variants`` and parses: ``args.shapes`` are resolved, ``args.variants`` checked against the known."""
+    parser.add_argument("--variants", nargs="+", default=None, help="a subset of the variants (default: all)")
+    args = parser.parse_args(argv)
+    args.shapes = [
+        resolve_shape(n) for n in (args.shape or (["small", "mid", "large"] if ON_GPU else ["tiny"]))
+    ]
+    args.variants = args.variants or known_variants
+    for name in args.variants:
+        if name not in known_variants:
+            parser.error(f"--variants: unknown {name!r}; expected any of {', '.join(known_variants)}")
+    return args
+
+
+def start_sweep(phase: str) -> ResultWriter:
+    """Says where the numbers come from (a GPU or the interpreter) and opens this run's CSV."""
+    print(interpreter_banner())
+    return ResultWriter(phase)
+
+
+def finish_sweep(writer: ResultWriter) -> None:
+    print(f"rows: {writer.path}")
+    print(f"report: {render_phase(writer.phase)}")
+
+
+def sweep_cell(variant: str, shape: str, dtype: torch.dtype, **sizes) -> dict:
+    """The columns that name a cell: what ran (variant), on what (shape, dtype and the phase's sizes)."""
+    return {"variant": variant, "shape": shape, "dtype": str(dtype).removeprefix("torch."), **sizes}
+
+
+def run_cell(writer: ResultWriter, cell: dict, width: int, measure: Callable[[], dict]) -> dict | None:
+    """``measure()``'s columns, or None once a failure is written as the cell's row and printed."""
+    try:
+        return measure()
+    except Exception as err:  # a failed cell is a row; the sweep goes on
+        row = writer.write({**cell, **failure_row(err)})
+        print(f"  {cell['variant']:{width}s} {row['status']}: {row['error'][:160]}")
+        return None
+
+
+def measure_tflops_cell(
+    writer: ResultWriter,
+    cell: dict,
+    width: int,
+    fn: Callable,
+    reference: Callable,
+    inputs: list[Tensor],
+    grad_out: Tensor,
+    flops: float,
+) -> None:
+    """One GEMM-bound cell (phases 06, 07): errors, times, memory and model TFLOP/s, written and printed."""
+    result = run_cell(writer, cell, width, lambda: check_and_measure(fn, reference, inputs, grad_out))
+    if result is None:
+        return
+    tflops = flops / (result["fwd_bwd_ms"] * 1e-3) / 1e12
+    writer.write({**cell, **result, "fwd_bwd_tflops": tflops})
+    print(
+        f"  {cell['variant']:{width}s} fwd {result['fwd_ms']:8.3f}  bwd {result['bwd_ms']:8.3f}  fwd+bwd "
+        f"{result['fwd_bwd_ms']:8.3f} ms  {tflops:6.1f} TFLOP/s  saved {result['saved_mb']:8.1f} MB  "
+        f"peak {result['peak_mb']:8.1f} MB  err {result['err_out']:.1e}/{result['err_grad']:.1e}"
+    )

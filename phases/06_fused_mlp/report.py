@@ -1,4 +1,8 @@
-"""reports/06_fused_mlp.md: the fused MLP against eager and torch.compile, per shape."""
+"""reports/06_fused_mlp.md: the fused MLP against eager and torch.compile, per shape.
+
+``render_sweep`` is the report skeleton phases 07 and 08 use too."""
+
+from collections.abc import Callable
 
 import pandas as pd
 
@@ -25,52 +29,69 @@ def _goal_lines(ok: pd.DataFrame) -> list[str]:
     return lines
 
 
-def render(df: pd.DataFrame, fig: Figures) -> str:
+def render_sweep(
+    df: pd.DataFrame,
+    fig: Figures,
+    *,
+    size: str,
+    throughput: str,
+    baselines: list[str],
+    sort_by: list[str],
+    intro: str,
+    goal_lines: Callable[[pd.DataFrame], list[str]],
+    goals_over: str = "forward+backward",
+    memory: tuple[str, ...] = ("saved_mb", "peak_mb"),
+    plot: dict,
+    unplotted: tuple[str, ...] = (),
+) -> str:
+    """The report of phases 06-08: the latest row of each cell, speedups against the ``baselines`` measured
+    in the same run, the goals' verdicts, a table of every cell, a figure over ``size`` (the row count
+    column; ``plot`` holds the rest of ``Figures.line_plot``'s arguments, ``unplotted`` the variants it
+    leaves out), the failures."""
     df = select_latest(df, KEYS)
     ok = df.loc[df["status"] == "ok"].copy()
     if ok.empty:
         return "_no successful rows_\n" + failures_table(df)
-    ok = add_speedup(ok, ["shape", "dtype"], "eager", "fwd_bwd_ms")
-    ok = add_speedup(ok, ["shape", "dtype"], "compile", "fwd_bwd_ms")
-    ok = ok.sort_values(["shape", "fwd_bwd_ms"], key=lambda s: s.map(SHAPE_ORDER) if s.name == "shape" else s)
+    for baseline in baselines:
+        ok = add_speedup(ok, ["shape", "dtype"], baseline, "fwd_bwd_ms")
+    ok = ok.sort_values(sort_by, key=lambda s: s.map(SHAPE_ORDER) if s.name == "shape" else s)
+    columns = [
+        *["shape", size, "variant", "fwd_ms", "bwd_ms", "fwd_bwd_ms", throughput],
+        *[f"speedup_vs_{baseline}" for baseline in baselines],
+        *memory,
+        *["err_out", "err_grad"],
+    ]
     parts = [
-        "One MLP block, y = silu(x W1ᵀ) W2ᵀ with d_model 512, d_ff 1365, at the MLP's token count of each "
-        "shape (B·(M+N)), bf16, forward+backward through autograd. Times are medians (ms); TFLOP/s counts "
-        "12·T·512·1365 useful FLOPs (a recomputed GEMM is not useful work); speedups are against rows of "
-        "the same run. `saved_mb` is what the forward keeps for the backward (including its output); "
-        "`peak_mb` the peak above the inputs during forward+backward.\n",
-        "## Goals (forward+backward, mid and large)\n",
-        "\n".join(_goal_lines(ok)) or "_not measured yet_",
+        intro,
+        f"## Goals ({goals_over})\n",
+        "\n".join(goal_lines(ok)) or "_not measured yet_",
         "\n## All cells\n",
-        markdown_table(
-            ok,
-            [
-                "shape",
-                "tokens",
-                "variant",
-                "fwd_ms",
-                "bwd_ms",
-                "fwd_bwd_ms",
-                "fwd_bwd_tflops",
-                "speedup_vs_eager",
-                "speedup_vs_compile",
-                "saved_mb",
-                "peak_mb",
-                "err_out",
-                "err_grad",
-            ],
-        ),
-        fig.line_plot(
-            ok,
-            x="tokens",
-            y="fwd_bwd_tflops",
-            series="variant",
-            name="tflops",
-            title="MLP forward+backward, bf16",
-            xlabel="tokens",
-            ylabel="TFLOP/s",
-            logx=True,
-        ),
+        markdown_table(ok, columns),
+        fig.line_plot(ok.loc[~ok["variant"].isin(unplotted)], x=size, series="variant", logx=True, **plot),
         failures_table(df),
     ]
     return "\n".join(parts)
+
+
+def render(df: pd.DataFrame, fig: Figures) -> str:
+    return render_sweep(
+        df,
+        fig,
+        size="tokens",
+        throughput="fwd_bwd_tflops",
+        baselines=["eager", "compile"],
+        sort_by=["shape", "fwd_bwd_ms"],
+        intro="One MLP block, y = silu(x W1ᵀ) W2ᵀ with d_model 512, d_ff 1365, at the MLP's token count of "
+        "each shape (B·(M+N)), bf16, forward+backward through autograd. Times are medians (ms); TFLOP/s "
+        "counts 12·T·512·1365 useful FLOPs (a recomputed GEMM is not useful work); speedups are against "
+        "rows of the same run. `saved_mb` is what the forward keeps for the backward (including its "
+        "output); `peak_mb` the peak above the inputs during forward+backward.\n",
+        goals_over="forward+backward, mid and large",
+        goal_lines=_goal_lines,
+        plot={
+            "y": "fwd_bwd_tflops",
+            "name": "tflops",
+            "title": "MLP forward+backward, bf16",
+            "ylabel": "TFLOP/s",
+        },
+    )

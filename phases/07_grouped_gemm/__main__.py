@@ -14,19 +14,17 @@ Rows: forward, backward, forward+backward ms, model TFLOP/s (3 × 2·T·13 650·
 errors vs an fp32 reference. Then it re-renders reports/07_grouped_gemm.md.
 """
 
-import argparse
 import importlib
 
 import torch
 
-from common import ON_GPU, SHAPES, ResultWriter, failure_row, interpreter_banner, resolve_shape
-from common.report import render_phase
+from common import ON_GPU
 
 from .kernel import gmm_heads, gmm_heads_bmm
 
 PHASE = "07_grouped_gemm"
 baseline = importlib.import_module("phases.01_baseline")
-bench = importlib.import_module("phases.06_fused_mlp.bench")
+sweep = importlib.import_module("phases.06_fused_mlp.bench")
 loss_kernel = importlib.import_module("phases.08_gmm_logprob")
 
 
@@ -46,37 +44,18 @@ def heads_then_loss(y: torch.Tensor):
     return lambda z, w1, w2: baseline.gmm_nll(baseline.gmm_heads_loop(z, w1, w2), y)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m phases.07_grouped_gemm", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--shape",
-        nargs="+",
-        default=None,
-        help=f"any of {', '.join(SHAPES)} (default: small mid large on a GPU, tiny on the CPU)",
-    )
-    parser.add_argument("--variants", nargs="+", default=None, help="a subset of the variants (default: all)")
-    args = parser.parse_args(argv)
-    args.shapes = [
-        resolve_shape(n) for n in (args.shape or (["small", "mid", "large"] if ON_GPU else ["tiny"]))
-    ]
-    known = list(variants(torch.zeros(1)))
-    args.variants = args.variants or known
-    for name in args.variants:
-        if name not in known:
-            parser.error(f"--variants: unknown {name!r}; expected any of {', '.join(known)}")
-    return args
+def parse_args(argv=None):
+    parser = sweep.sweep_arg_parser("python -m phases.07_grouped_gemm", __doc__.splitlines()[0])
+    return sweep.parse_sweep_args(parser, list(variants(torch.zeros(1))), argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(interpreter_banner())
+    writer = sweep.start_sweep(PHASE)
     # The real dims on a GPU; on the CPU the interpreter gets small ones (it runs, it measures nothing).
     d_model, d_hidden, n_heads = (512, 1365, 10) if ON_GPU else (64, 100, 3)
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     device = "cuda" if ON_GPU else "cpu"
-    writer = ResultWriter(PHASE)
     for shape in args.shapes:
         T = shape.batch * shape.n_target
         torch.manual_seed(0)
@@ -91,34 +70,13 @@ def main(argv=None) -> None:
         flops = 3 * 2 * T * n_heads * d_hidden * (d_model + 3)
         print(f"{shape.label()}: {T} targets, {n_heads} heads {d_model}->{d_hidden}->3, {dtype}")
         for name in args.variants:
-            cell = {
-                "variant": name,
-                "shape": shape.name,
-                "dtype": str(dtype).removeprefix("torch."),
-                "targets": T,
-                "d_model": d_model,
-                "d_hidden": d_hidden,
-                "n_heads": n_heads,
-            }
+            sizes = {"targets": T, "d_model": d_model, "d_hidden": d_hidden, "n_heads": n_heads}
+            cell = sweep.sweep_cell(name, shape.name, dtype, **sizes)
             with_loss = name == "grouped+nll"
             reference = heads_then_loss(y) if with_loss else baseline.gmm_heads_loop
             grad_out = torch.ones((), device=device) if with_loss else grad_heads
-            try:
-                errors = bench.check_against(fns[name], reference, [z, w1, w2], grad_out)
-                result = bench.measure_fwd_bwd(fns[name], [z, w1, w2], grad_out)
-            except Exception as err:  # a failed cell is a row; the sweep goes on
-                row = writer.write({**cell, **failure_row(err)})
-                print(f"  {name:12s} {row['status']}: {row['error'][:160]}")
-                continue
-            tflops = flops / (result["fwd_bwd_ms"] * 1e-3) / 1e12
-            writer.write({**cell, **errors, **result, "fwd_bwd_tflops": tflops})
-            print(
-                f"  {name:12s} fwd {result['fwd_ms']:8.3f}  bwd {result['bwd_ms']:8.3f}  fwd+bwd "
-                f"{result['fwd_bwd_ms']:8.3f} ms  {tflops:6.1f} TFLOP/s  saved {result['saved_mb']:8.1f} MB  "
-                f"peak {result['peak_mb']:8.1f} MB  err {errors['err_out']:.1e}/{errors['err_grad']:.1e}"
-            )
-    print(f"rows: {writer.path}")
-    print(f"report: {render_phase(PHASE)}")
+            sweep.measure_tflops_cell(writer, cell, 12, fns[name], reference, [z, w1, w2], grad_out, flops)
+    sweep.finish_sweep(writer)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """reports/07_grouped_gemm.md: the grouped heads against the loop, bmm and torch.compile."""
 
+import importlib
+
 import pandas as pd
 
-from common.report import Figures, add_speedup, failures_table, markdown_table, select_latest
+from common.report import Figures
 
-KEYS = ["variant", "shape", "dtype"]
-SHAPE_ORDER = {"tiny": 0, "small": 1, "mid": 2, "large": 3}
+render_sweep = importlib.import_module("phases.06_fused_mlp.report").render_sweep
 
 
 def _goal_lines(ok: pd.DataFrame) -> list[str]:
@@ -32,48 +33,24 @@ def _goal_lines(ok: pd.DataFrame) -> list[str]:
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    df = select_latest(df, KEYS)
-    ok = df.loc[df["status"] == "ok"].copy()
-    if ok.empty:
-        return "_no successful rows_\n" + failures_table(df)
-    ok = add_speedup(ok, ["shape", "dtype"], "loop", "fwd_bwd_ms")
-    ok = ok.sort_values(["shape", "fwd_bwd_ms"], key=lambda s: s.map(SHAPE_ORDER) if s.name == "shape" else s)
-    parts = [
-        "The 10 mixture heads (512 → 1365 → 3 each, SiLU) on B·N target rows, bf16, forward+backward. "
+    return render_sweep(
+        df,
+        fig,
+        size="targets",
+        throughput="fwd_bwd_tflops",
+        baselines=["loop"],
+        sort_by=["shape", "fwd_bwd_ms"],
+        intro="The 10 mixture heads (512 → 1365 → 3 each, SiLU) on B·N target rows, bf16, forward+backward. "
         "TFLOP/s counts 3·2·T·13 650·515 useful FLOPs; `grouped+nll` adds phase 08's loss (its reference "
         "and gradient are the loss's). Times are medians (ms), speedups against rows of the same run.\n",
-        "## Goals (forward+backward)\n",
-        "\n".join(_goal_lines(ok)) or "_not measured yet_",
-        "\n## All cells\n",
-        markdown_table(
-            ok,
-            [
-                "shape",
-                "targets",
-                "variant",
-                "fwd_ms",
-                "bwd_ms",
-                "fwd_bwd_ms",
-                "fwd_bwd_tflops",
-                "speedup_vs_loop",
-                "saved_mb",
-                "peak_mb",
-                "err_out",
-                "err_grad",
-            ],
-        ),
-        fig.line_plot(
-            ok.loc[ok["variant"] != "grouped+nll"],
-            x="targets",
-            y="fwd_bwd_ms",
-            series="variant",
-            name="ms",
-            title="GMM heads forward+backward, bf16",
-            xlabel="target rows",
-            ylabel="ms",
-            logx=True,
-            logy=True,
-        ),
-        failures_table(df),
-    ]
-    return "\n".join(parts)
+        goal_lines=_goal_lines,
+        plot={
+            "y": "fwd_bwd_ms",
+            "name": "ms",
+            "title": "GMM heads forward+backward, bf16",
+            "xlabel": "target rows",
+            "ylabel": "ms",
+            "logy": True,
+        },
+        unplotted=("grouped+nll",),
+    )

@@ -13,19 +13,18 @@ any extra ``--rows``, it measures side by side:
 GB/s counts that minimum traffic for every variant. Then it re-renders reports/08_gmm_logprob.md.
 """
 
-import argparse
 import importlib
+from functools import partial
 
 import torch
 
-from common import ON_GPU, SHAPES, ResultWriter, bench, failure_row, interpreter_banner, resolve_shape
-from common.report import render_phase
+from common import ON_GPU, bench
 
 from .kernel import gmm_nll
 
 PHASE = "08_gmm_logprob"
 baseline = importlib.import_module("phases.01_baseline")
-fwd_bwd = importlib.import_module("phases.06_fused_mlp.bench")
+sweep = importlib.import_module("phases.06_fused_mlp.bench")
 
 
 def variants() -> dict:
@@ -36,41 +35,38 @@ def variants() -> dict:
     }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m phases.08_gmm_logprob", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--shape",
-        nargs="+",
-        default=None,
-        help=f"any of {', '.join(SHAPES)} (default: small mid large on a GPU, tiny on the CPU)",
-    )
+def parse_args(argv=None):
+    parser = sweep.sweep_arg_parser("python -m phases.08_gmm_logprob", __doc__.splitlines()[0])
     parser.add_argument(
         "--rows", nargs="+", type=int, default=[], help="extra target counts, a bandwidth sweep"
     )
-    parser.add_argument("--variants", nargs="+", default=None, help="a subset of the variants (default: all)")
-    args = parser.parse_args(argv)
-    shapes = [resolve_shape(n) for n in (args.shape or (["small", "mid", "large"] if ON_GPU else ["tiny"]))]
+    args = sweep.parse_sweep_args(parser, [*variants(), "copy"], argv)
     for rows in args.rows:
         if rows < 1:
             parser.error(f"--rows: must be positive, got {rows}")
-    args.cells = [(s.name, s.batch * s.n_target) for s in shapes] + [(f"T={r}", r) for r in args.rows]
-    known = [*variants(), "copy"]
-    args.variants = args.variants or known
-    for name in args.variants:
-        if name not in known:
-            parser.error(f"--variants: unknown {name!r}; expected any of {', '.join(known)}")
+    args.cells = [(s.name, s.batch * s.n_target) for s in args.shapes] + [(f"T={r}", r) for r in args.rows]
     return args
+
+
+def time_copy(n_bytes: int, device: str) -> dict:
+    """The bandwidth ceiling: one device-to-device copy reading and writing n_bytes in all."""
+    src = torch.empty(n_bytes // 2, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    timing = bench(lambda: dst.copy_(src), **sweep.BENCH)
+    return {
+        "fwd_bwd_ms": timing.ms,
+        "fwd_bwd_p20_ms": timing.p20_ms,
+        "fwd_bwd_p80_ms": timing.p80_ms,
+        "reps": timing.reps,
+    }
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(interpreter_banner())
+    writer = sweep.start_sweep(PHASE)
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     device = "cuda" if ON_GPU else "cpu"
     n_components = 10
-    writer = ResultWriter(PHASE)
     fns = variants()
     for shape_name, T in args.cells:
         torch.manual_seed(0)
@@ -83,37 +79,19 @@ def main(argv=None) -> None:
             f"{shape_name}: {T} targets × {n_components} components, {dtype}, {min_bytes / 1e6:.1f} MB moved"
         )
         for name in args.variants:
-            cell = {
-                "variant": name,
-                "shape": shape_name,
-                "dtype": str(dtype).removeprefix("torch."),
-                "targets": T,
-                "n_components": n_components,
-                "bytes": min_bytes,
-            }
-            try:
-                if name == "copy":
-                    src = torch.empty(min_bytes // 2, dtype=torch.uint8, device=device).random_()
-                    dst = torch.empty_like(src)
-                    timing = bench(lambda src=src, dst=dst: dst.copy_(src), **fwd_bwd.BENCH)
-                    result, errors = (
-                        {
-                            "fwd_bwd_ms": timing.ms,
-                            "fwd_bwd_p20_ms": timing.p20_ms,
-                            "fwd_bwd_p80_ms": timing.p80_ms,
-                            "reps": timing.reps,
-                        },
-                        {},
-                    )
-                else:
-                    errors = fwd_bwd.check_against(fns[name], baseline.gmm_nll, [params, y], grad_loss)
-                    result = fwd_bwd.measure_fwd_bwd(fns[name], [params, y], grad_loss)
-            except Exception as err:  # a failed cell is a row; the sweep goes on
-                row = writer.write({**cell, **failure_row(err)})
-                print(f"  {name:8s} {row['status']}: {row['error'][:160]}")
+            sizes = {"targets": T, "n_components": n_components, "bytes": min_bytes}
+            cell = sweep.sweep_cell(name, shape_name, dtype, **sizes)
+            if name == "copy":
+                measure = partial(time_copy, min_bytes, device)
+            else:
+                measure = partial(
+                    sweep.check_and_measure, fns[name], baseline.gmm_nll, [params, y], grad_loss
+                )
+            result = sweep.run_cell(writer, cell, 8, measure)
+            if result is None:
                 continue
             gbps = min_bytes / (result["fwd_bwd_ms"] * 1e-3) / 1e9
-            writer.write({**cell, **errors, **result, "fwd_bwd_gbps": gbps})
+            writer.write({**cell, **result, "fwd_bwd_gbps": gbps})
             times = (
                 f"fwd {result['fwd_ms']:8.4f}  bwd {result['bwd_ms']:8.4f}  "
                 if "fwd_ms" in result
@@ -121,10 +99,9 @@ def main(argv=None) -> None:
             )
             print(
                 f"  {name:8s} {times}fwd+bwd {result['fwd_bwd_ms']:8.4f} ms  {gbps:7.1f} GB/s"
-                + (f"  err {errors['err_out']:.1e}/{errors['err_grad']:.1e}" if errors else "")
+                + (f"  err {result['err_out']:.1e}/{result['err_grad']:.1e}" if "err_out" in result else "")
             )
-    print(f"rows: {writer.path}")
-    print(f"report: {render_phase(PHASE)}")
+    sweep.finish_sweep(writer)
 
 
 if __name__ == "__main__":

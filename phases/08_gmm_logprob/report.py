@@ -1,10 +1,12 @@
 """reports/08_gmm_logprob.md: the loss kernels against eager, torch.compile and a copy of the same bytes."""
 
+import importlib
+
 import pandas as pd
 
-from common.report import Figures, add_speedup, failures_table, markdown_table, select_latest
+from common.report import Figures
 
-KEYS = ["variant", "shape", "dtype"]
+render_sweep = importlib.import_module("phases.06_fused_mlp.report").render_sweep
 
 
 def _goal_lines(ok: pd.DataFrame) -> list[str]:
@@ -27,47 +29,23 @@ def _goal_lines(ok: pd.DataFrame) -> list[str]:
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    df = select_latest(df, KEYS)
-    ok = df.loc[df["status"] == "ok"].copy()
-    if ok.empty:
-        return "_no successful rows_\n" + failures_table(df)
-    ok = add_speedup(ok, ["shape", "dtype"], "eager", "fwd_bwd_ms")
-    ok = ok.sort_values(["targets", "fwd_bwd_ms"])
-    parts = [
-        "Mean mixture NLL over T targets × 10 components, bf16 params, forward+backward. GB/s counts the "
+    return render_sweep(
+        df,
+        fig,
+        size="targets",
+        throughput="fwd_bwd_gbps",
+        baselines=["eager"],
+        sort_by=["targets", "fwd_bwd_ms"],
+        intro="Mean mixture NLL over T targets × 10 components, bf16 params, forward+backward. GB/s counts the "
         "minimum traffic -- params and y read by the forward and again by the backward, d params written "
         "once -- for every variant; `copy` is a device-to-device copy of that many bytes, the ceiling. "
         "The fused forward+backward is two launches, the copy one. Times are medians (ms).\n",
-        "## Goals (forward+backward)\n",
-        "\n".join(_goal_lines(ok)) or "_not measured yet_",
-        "\n## All cells\n",
-        markdown_table(
-            ok,
-            [
-                "shape",
-                "targets",
-                "variant",
-                "fwd_ms",
-                "bwd_ms",
-                "fwd_bwd_ms",
-                "fwd_bwd_gbps",
-                "speedup_vs_eager",
-                "peak_mb",
-                "err_out",
-                "err_grad",
-            ],
-        ),
-        fig.line_plot(
-            ok,
-            x="targets",
-            y="fwd_bwd_gbps",
-            series="variant",
-            name="gbps",
-            title="GMM NLL forward+backward, bf16",
-            xlabel="targets",
-            ylabel="GB/s",
-            logx=True,
-        ),
-        failures_table(df),
-    ]
-    return "\n".join(parts)
+        goal_lines=_goal_lines,
+        memory=("peak_mb",),
+        plot={
+            "y": "fwd_bwd_gbps",
+            "name": "gbps",
+            "title": "GMM NLL forward+backward, bf16",
+            "ylabel": "GB/s",
+        },
+    )

@@ -9,18 +9,15 @@ import common
 
 p06 = importlib.import_module("phases.06_fused_mlp")
 baseline = importlib.import_module("phases.01_baseline")
+checks = importlib.import_module("tests.phases.06_fused_mlp.float64_checks")
 DEVICE = common.DEVICE
+_t = checks.random_tensor
 
 VARIANTS = {
     "fused": p06.fused_mlp,
     "fused-recompute": lambda x, w1, w2: p06.fused_mlp(x, w1, w2, save_preactivation=False),
     "gemm-silu": p06.gemm_silu_mlp,
 }
-
-
-def rel(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
 def random_mlp(T, d_model, d_ff, n_out, dtype):
@@ -30,19 +27,8 @@ def random_mlp(T, d_model, d_ff, n_out, dtype):
     return [t.to(dtype) for t in (x, w1, w2)], torch.randn(T, n_out, device=DEVICE).to(dtype)
 
 
-def output_and_grads(fn, inputs, grad_out):
-    inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    out = fn(*inputs)
-    return [out, *torch.autograd.grad(out, inputs, grad_out)]
-
-
 def check(fn, inputs, grad_out, tol):
-    got = output_and_grads(fn, inputs, grad_out)
-    want = output_and_grads(baseline.mlp_eager, [t.double() for t in inputs], grad_out.double())
-    for name, g, w in zip(["y", "dx", "dw1", "dw2"], got, want, strict=True):
-        assert g.dtype == inputs[0].dtype and g.shape == w.shape, name
-        assert torch.isfinite(g).all(), name
-        assert rel(g, w) < tol, (name, rel(g, w))
+    checks.check_against_float64(fn, baseline.mlp_eager, inputs, grad_out, tol, ["y", "dx", "dw1", "dw2"])
 
 
 # d_ff = 300 is not a multiple of 16 (like 1365) and spans several hidden chunks, 160 outputs several
@@ -68,37 +54,12 @@ def test_batched_input_and_autocast_casts_weights():
     x = torch.randn(2, 9, 32, device=DEVICE)
     w1 = torch.randn(40, 32, device=DEVICE, requires_grad=True)
     w2 = torch.randn(32, 40, device=DEVICE, requires_grad=True)
-    half = torch.float16 if DEVICE.type == "cpu" else torch.bfloat16  # the interpreter's bf16 dot is wrong
-    results = []
-    for fn in (baseline.mlp_eager, p06.fused_mlp):
-        with torch.autocast(DEVICE.type, dtype=half):
-            y = fn(x, w1, w2)
-        results.append([y, *torch.autograd.grad(y.float().square().sum(), [w1, w2])])
-    (y_eager, *g_eager), (y_fused, *g_fused) = results
-    assert y_fused.dtype == y_eager.dtype == half and y_fused.shape == (2, 9, 32)
-    assert rel(y_fused, y_eager) < 1e-2
-    for g, e in zip(g_fused, g_eager, strict=True):
-        assert g.dtype == torch.float32 and rel(g, e) < 2e-2
+    y_fused = checks.check_autocast_casts_weights(baseline.mlp_eager, p06.fused_mlp, x, w1, w2)
+    assert y_fused.shape == (2, 9, 32)
 
 
 def test_plugs_into_the_model():
-    cfg = baseline.TNPConfig(n_layers=2, n_heads=2, head_dim=16, d_ff=40, n_components=3, d_head_hidden=24)
-    tasks = baseline.sample_tasks(2, 7, 5, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
-    results = []
-    for mlp in (baseline.mlp_eager, p06.fused_mlp):
-        torch.manual_seed(0)
-        model = baseline.TransformerNP(cfg, baseline.Components(mlp=mlp)).to(DEVICE)
-        loss = model.loss(*tasks)
-        loss.backward()
-        results.append((loss.detach(), [p.grad for p in model.parameters()]))
-    (eager_loss, eager_grads), (fused_loss, fused_grads) = results
-    assert rel(fused_loss, eager_loss) < 1e-5
-    for g_fused, g_eager in zip(fused_grads, eager_grads, strict=True):
-        assert rel(g_fused, g_eager) < 1e-4
-
-
-def _t(*shape, dtype=torch.float32, device=None):
-    return torch.randn(*shape, device=device or DEVICE).to(dtype)
+    checks.check_plugs_into_the_model("mlp", baseline.mlp_eager, p06.fused_mlp, n_layers=2)
 
 
 @pytest.mark.parametrize(

@@ -9,12 +9,9 @@ import common
 
 p07 = importlib.import_module("phases.07_grouped_gemm")
 baseline = importlib.import_module("phases.01_baseline")
+checks = importlib.import_module("tests.phases.06_fused_mlp.float64_checks")
 DEVICE = common.DEVICE
-
-
-def rel(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+_t = checks.random_tensor
 
 
 def random_heads(T, n_heads, d_model, d_hidden, dtype):
@@ -24,19 +21,10 @@ def random_heads(T, n_heads, d_model, d_hidden, dtype):
     return [t.to(dtype) for t in (z, w1, w2)], torch.randn(T, n_heads, 3, device=DEVICE).to(dtype)
 
 
-def output_and_grads(fn, inputs, grad_out):
-    inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    out = fn(*inputs)
-    return [out, *torch.autograd.grad(out, inputs, grad_out)]
-
-
 def check(fn, inputs, grad_out, tol):
-    got = output_and_grads(fn, inputs, grad_out)
-    want = output_and_grads(baseline.gmm_heads_loop, [t.double() for t in inputs], grad_out.double())
-    for name, g, w in zip(["out", "dz", "dw1", "dw2"], got, want, strict=True):
-        assert g.dtype == inputs[0].dtype and g.shape == w.shape, name
-        assert torch.isfinite(g).all(), name
-        assert rel(g, w) < tol, (name, rel(g, w))
+    checks.check_against_float64(
+        fn, baseline.gmm_heads_loop, inputs, grad_out, tol, ["out", "dz", "dw1", "dw2"]
+    )
 
 
 # fp32 at every T; fp16 (slow in the interpreter, same code path) at the two small ones.
@@ -62,40 +50,14 @@ def test_bmm_baseline_matches():
 
 
 def test_plugs_into_the_model():
-    cfg = baseline.TNPConfig(n_layers=1, n_heads=2, head_dim=16, d_ff=40, n_components=3, d_head_hidden=24)
-    tasks = baseline.sample_tasks(2, 7, 5, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
-    results = []
-    for heads in (baseline.gmm_heads_loop, p07.gmm_heads):
-        torch.manual_seed(0)
-        model = baseline.TransformerNP(cfg, baseline.Components(heads=heads)).to(DEVICE)
-        loss = model.loss(*tasks)
-        loss.backward()
-        results.append((loss.detach(), [p.grad for p in model.parameters()]))
-    (eager_loss, eager_grads), (fused_loss, fused_grads) = results
-    assert rel(fused_loss, eager_loss) < 1e-5
-    for g_fused, g_eager in zip(fused_grads, eager_grads, strict=True):
-        assert rel(g_fused, g_eager) < 1e-4
+    checks.check_plugs_into_the_model("heads", baseline.gmm_heads_loop, p07.gmm_heads, n_layers=1)
 
 
 def test_autocast_casts_weights():
     z = torch.randn(11, 32, device=DEVICE)
     w1 = torch.randn(3, 40, 32, device=DEVICE, requires_grad=True)
     w2 = torch.randn(3, 3, 40, device=DEVICE, requires_grad=True)
-    half = torch.float16 if DEVICE.type == "cpu" else torch.bfloat16  # the interpreter's bf16 dot is wrong
-    results = []
-    for fn in (baseline.gmm_heads_loop, p07.gmm_heads):
-        with torch.autocast(DEVICE.type, dtype=half):
-            out = fn(z, w1, w2)
-        results.append([out, *torch.autograd.grad(out.float().square().sum(), [w1, w2])])
-    (out_eager, *g_eager), (out_fused, *g_fused) = results
-    assert out_fused.dtype == out_eager.dtype == half
-    assert rel(out_fused, out_eager) < 1e-2
-    for g, e in zip(g_fused, g_eager, strict=True):
-        assert g.dtype == torch.float32 and rel(g, e) < 2e-2
-
-
-def _t(*shape, dtype=torch.float32, device=None):
-    return torch.randn(*shape, device=device or DEVICE).to(dtype)
+    checks.check_autocast_casts_weights(baseline.gmm_heads_loop, p07.gmm_heads, z, w1, w2)
 
 
 @pytest.mark.parametrize(

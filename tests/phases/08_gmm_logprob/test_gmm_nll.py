@@ -10,7 +10,9 @@ import common
 
 p08 = importlib.import_module("phases.08_gmm_logprob")
 baseline = importlib.import_module("phases.01_baseline")
+checks = importlib.import_module("tests.phases.06_fused_mlp.float64_checks")
 DEVICE = common.DEVICE
+rel = checks.rel
 
 
 def reference_nll(params: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -27,11 +29,6 @@ def loss_and_grads(fn, params, y):
     loss = fn(params, y)
     d_params, d_y = torch.autograd.grad(loss, [params, y])
     return loss, d_params, d_y
-
-
-def rel(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
 def random_inputs(T, dtype, scale=1.0, K=10):
@@ -86,19 +83,7 @@ def test_finite_at_extremes(dtype):
 
 
 def test_plugs_into_the_model():
-    cfg = baseline.TNPConfig(n_layers=1, n_heads=2, head_dim=16, d_ff=40, n_components=3, d_head_hidden=24)
-    tasks = baseline.sample_tasks(2, 7, 5, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
-    results = []
-    for loss_fn in (baseline.gmm_nll, p08.gmm_nll):
-        torch.manual_seed(0)
-        model = baseline.TransformerNP(cfg, baseline.Components(loss=loss_fn)).to(DEVICE)
-        loss = model.loss(*tasks)
-        loss.backward()
-        results.append((loss.detach(), [p.grad for p in model.parameters()]))
-    (eager_loss, eager_grads), (fused_loss, fused_grads) = results
-    assert rel(fused_loss, eager_loss) < 1e-5
-    for g_fused, g_eager in zip(fused_grads, eager_grads, strict=True):
-        assert rel(g_fused, g_eager) < 1e-4
+    checks.check_plugs_into_the_model("loss", baseline.gmm_nll, p08.gmm_nll, n_layers=1)
 
 
 @pytest.mark.parametrize(
