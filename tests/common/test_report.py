@@ -55,3 +55,10 @@ def test_number_format():
     assert format_number(0.012345) == "0.01235"
     assert format_number(float("nan")) == ""
     assert pd.isna(float("nan"))
+
+
+def test_each_gpu_gets_its_own_section(demo_phase):
+    text = render_phase("demo").read_text()
+    assert "## On the H100" in text and "## On the A100" in text
+    # one section per GPU, never two for the same one
+    assert text.count("## On the H100") == 1
