@@ -6,6 +6,24 @@ from common.report import Figures, add_speedup, failures_table, markdown_table, 
 
 KEYS = ["variant", "shape", "mode"]
 TNP_SHAPES = ["small", "mid", "large", "tiny"]
+# The columns of each table, where the rows have them (older runs lack some).
+MEASURED = ["ms", "tflops", "x_vs_cudnn", "x_vs_flash", "peak_mem_gb"]
+TNP_COLUMNS = ["variant", "shape", "mode", "batch", "lq", "lk", *MEASURED, "call_mem_gb", "err_o", "config"]
+SWEEP_COLUMNS = ["variant", "batch", "lq", "lk", *MEASURED]
+CONFIG_COLUMNS = [
+    "variant",
+    "shape",
+    "config",
+    "dkdv_config",
+    "dq_config",
+    "fused_config",
+    "n_regs",
+    "n_spills",
+]
+
+
+def _present(columns: list[str], df: pd.DataFrame) -> list[str]:
+    return [c for c in columns if c in df]
 
 
 def _speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -32,26 +50,7 @@ def goals_table(df: pd.DataFrame, goals: list[tuple[str, str, str, float]]) -> s
 def render_attention(df: pd.DataFrame, fig: Figures, *, title: str, goals) -> str:
     df = _speedups(select_latest(df, KEYS))
     ok = df.loc[df["status"] == "ok"]
-    cols = [
-        c
-        for c in [
-            "variant",
-            "shape",
-            "mode",
-            "batch",
-            "lq",
-            "lk",
-            "ms",
-            "tflops",
-            "x_vs_cudnn",
-            "x_vs_flash",
-            "peak_mem_gb",
-            "call_mem_gb",
-            "err_o",
-            "config",
-        ]
-        if c in df
-    ]
+    cols = _present(TNP_COLUMNS, df)
     parts = [
         f"## {title}: TransformerNP shapes (H = 8, D = 64, bf16)\n",
         "TFLOP/s count the forward as 4·B·H·Lq·Lk·D and the backward as 2.5× that; `x_vs_*` is "
@@ -79,42 +78,9 @@ def render_attention(df: pd.DataFrame, fig: Figures, *, title: str, goals) -> st
                 ylabel="TFLOP/s",
                 logx=True,
             ),
-            markdown_table(
-                sweep.sort_values(["lk", "variant"]),
-                [
-                    c
-                    for c in [
-                        "variant",
-                        "batch",
-                        "lq",
-                        "lk",
-                        "ms",
-                        "tflops",
-                        "x_vs_cudnn",
-                        "x_vs_flash",
-                        "peak_mem_gb",
-                    ]
-                    if c in sweep
-                ],
-            ),
+            markdown_table(sweep.sort_values(["lk", "variant"]), _present(SWEEP_COLUMNS, sweep)),
         ]
-    configs = ok.loc[
-        ok["variant"].str.startswith("triton"),
-        [
-            c
-            for c in [
-                "variant",
-                "shape",
-                "config",
-                "dkdv_config",
-                "dq_config",
-                "fused_config",
-                "n_regs",
-                "n_spills",
-            ]
-            if c in ok
-        ],
-    ]
+    configs = ok.loc[ok["variant"].str.startswith("triton"), _present(CONFIG_COLUMNS, ok)]
     if not configs.empty:
         parts += [
             "\n## Autotuned configs chosen per shape (search spaces in the phase README)\n",

@@ -20,7 +20,17 @@ import argparse
 from common import ON_GPU, ResultWriter, interpreter_banner
 from common.report import render_phase
 
-from .bench import DTYPES, GOAL_SHAPE, QUICK, Budget, attention_bench, compile_bench, flash_bench, tune
+from .bench import (
+    DTYPES,
+    GOAL_SHAPE,
+    QUICK,
+    Budget,
+    attention_bench,
+    compile_bench,
+    flash_bench,
+    goal_bench,
+    tune,
+)
 from .flash_triton import HEAD_DIMS
 
 PHASE = "flash2"
@@ -130,24 +140,14 @@ def main(argv=None) -> None:
                 writer,
                 head_dims=head_dims,
                 seqs=seqs,
-                dtype_names=[dtype],
+                dtype_name=dtype,
                 causal=not args.no_causal,
                 budget=budget,
                 tokens=tokens,
-                goal=False,
             )
         if ON_GPU and not args.no_goal:
             print(f"flash-bench: goal shape {GOAL_SHAPE}, bf16, causal, forward+backward")
-            flash_bench(
-                writer,
-                head_dims=(),
-                seqs=(),
-                dtype_names=[],
-                causal=True,
-                budget=budget,
-                tokens=tokens,
-                goal=True,
-            )
+            goal_bench(writer, budget)
     print(f"rows: {writer.path}")
     print(f"report: {render_phase(PHASE)}")
 

@@ -75,6 +75,39 @@ def _mb(x: int) -> float:
     return x / 1e9
 
 
+def _cell(bench_name: str, batch: int, n: int, head_dim: int, dtype_name: str, causal: bool, **first) -> dict:
+    """The columns every row of a cell shares; ``first`` (e.g. the variant) goes right after ``bench``."""
+    return {
+        "bench": bench_name,
+        **first,
+        "shape": f"B={batch} N={n} D={head_dim}",
+        "dtype": dtype_name,
+        "batch": batch,
+        "seq": n,
+        "head_dim": head_dim,
+        "causal": causal,
+    }
+
+
+def _skip_if_too_big(writer: ResultWriter, row: dict, estimate: int, label: str) -> bool:
+    """Record the cell as ``oom`` without running it when its estimated peak exceeds the card."""
+    if not (ON_GPU and estimate > device_bytes()):
+        return False
+    writer.write(
+        {
+            **row,
+            "status": "oom",
+            "error": f"not run: estimated peak {_mb(estimate):.1f} GB > {_mb(device_bytes()):.1f} GB",
+        }
+    )
+    print(f"{label}  oom (estimated {_mb(estimate):.1f} GB)")
+    return True
+
+
+def _tflops(batch: int, n: int, head_dim: int, causal: bool, pass_: str, ms: float) -> float:
+    return attention_flops(batch, n, n, head_dim, causal, pass_) / (ms * 1e-3) / 1e12
+
+
 # ----------------------------------------------------------------------------------------------
 # attention-bench and compile-bench: naive attention, eager or compiled, forward and backward
 # ----------------------------------------------------------------------------------------------
@@ -93,29 +126,11 @@ def _naive_cell(
     reference=None,
 ) -> None:
     dtype = DTYPES[dtype_name]
-    cell = {
-        "bench": bench_name,
-        "variant": variant,
-        "shape": f"B={batch} N={n} D={head_dim}",
-        "dtype": dtype_name,
-        "batch": batch,
-        "seq": n,
-        "head_dim": head_dim,
-        "causal": False,
-    }
+    cell = _cell(bench_name, batch, n, head_dim, dtype_name, False, variant=variant)
     estimate = naive_peak_bytes(batch, n, head_dim, dtype, causal=False)
     cell["mem_estimate_gb"] = _mb(estimate)
     label = f"  {bench_name:15s} {variant:8s} {cell['shape']:22s} {dtype_name}"
-    if ON_GPU and estimate > device_bytes():
-        writer.write(
-            {
-                **cell,
-                "pass": "fwd",
-                "status": "oom",
-                "error": f"not run: estimated peak {_mb(estimate):.1f} GB > {_mb(device_bytes()):.1f} GB",
-            }
-        )
-        print(f"{label}  oom (estimated {_mb(estimate):.1f} GB)")
+    if _skip_if_too_big(writer, {**cell, "pass": "fwd"}, estimate, label):
         return
     try:
         with measure_peak_memory() as mem:
@@ -151,13 +166,20 @@ def _naive_cell(
     )
 
 
-def attention_bench(writer: ResultWriter, *, head_dims, seqs, batch: int, dtype_name: str, budget: Budget):
-    """Naive attention (einsum, softmax, einsum), forward and backward, memory before the backward."""
+def _naive_grid(head_dims, seqs):
+    """(head_dim, n) over the grid; the allocator's cache is emptied after each cell, since the
+    largest naive cells come close to filling the card."""
     for head_dim in head_dims:
         for n in seqs:
-            _naive_cell(writer, "attention", "naive", naive_attention, batch, n, head_dim, dtype_name, budget)
+            yield head_dim, n
             if ON_GPU:
                 torch.cuda.empty_cache()
+
+
+def attention_bench(writer: ResultWriter, *, head_dims, seqs, batch: int, dtype_name: str, budget: Budget):
+    """Naive attention (einsum, softmax, einsum), forward and backward, memory before the backward."""
+    for head_dim, n in _naive_grid(head_dims, seqs):
+        _naive_cell(writer, "attention", "naive", naive_attention, batch, n, head_dim, dtype_name, budget)
 
 
 def compile_bench(writer: ResultWriter, *, head_dims, seqs, batch: int, dtype_name: str, budget: Budget):
@@ -171,25 +193,12 @@ def compile_bench(writer: ResultWriter, *, head_dims, seqs, batch: int, dtype_na
     # running it twice on one graph (retain_graph) -- exactly what timing the backward alone does.
     # The flag is read when the graph compiles, at its first call, hence around the whole loop.
     with torch._functorch.config.patch(donated_buffer=False):
-        for head_dim in head_dims:
-            for n in seqs:
-                _naive_cell(
-                    writer, "compile", "eager", naive_attention, batch, n, head_dim, dtype_name, budget
-                )
-                _naive_cell(
-                    writer,
-                    "compile",
-                    "compile",
-                    compiled,
-                    batch,
-                    n,
-                    head_dim,
-                    dtype_name,
-                    budget,
-                    reference=naive_attention,
-                )
-                if ON_GPU:
-                    torch.cuda.empty_cache()
+        for head_dim, n in _naive_grid(head_dims, seqs):
+            for variant, fn, ref in (
+                ("eager", naive_attention, None),
+                ("compile", compiled, naive_attention),
+            ):
+                _naive_cell(writer, "compile", variant, fn, batch, n, head_dim, dtype_name, budget, ref)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -262,16 +271,8 @@ def flash_cell(
     """One (B, N, D, dtype) cell: every implementation checked against an fp32 reference on the same
     inputs, then timed forward, backward and forward+backward."""
     dtype = DTYPES[dtype_name]
-    shape = f"B={batch} N={n} D={head_dim}"
-    cell = {
-        "bench": "flash",
-        "shape": shape,
-        "dtype": dtype_name,
-        "batch": batch,
-        "seq": n,
-        "head_dim": head_dim,
-        "causal": causal,
-    }
+    cell = _cell("flash", batch, n, head_dim, dtype_name, causal)
+    shape = cell["shape"]
     q, k, v = random_qkv(batch, n, head_dim, dtype)
     grad_out = torch.randn_like(q)
     # Reference: SDPA's memory-efficient kernel in fp32 (it never materialises the N x N matrix).
@@ -289,17 +290,7 @@ def flash_cell(
             # Five squares: the correctness pass's graph stays alive while fwd+bwd is timed.
             estimate = naive_peak_bytes(batch, n, head_dim, dtype, causal, squares=5)
             base["mem_estimate_gb"] = _mb(estimate)
-            if ON_GPU and estimate > device_bytes():
-                writer.write(
-                    {
-                        **base,
-                        "pass": "fwd+bwd",
-                        "status": "oom",
-                        "error": f"not run: estimated peak {_mb(estimate):.1f} GB > "
-                        f"{_mb(device_bytes()):.1f} GB",
-                    }
-                )
-                print(f"{label}  oom (estimated {_mb(estimate):.1f} GB)")
+            if _skip_if_too_big(writer, {**base, "pass": "fwd+bwd"}, estimate, label):
                 continue
         try:
             with measure_peak_memory() as mem:
@@ -314,7 +305,7 @@ def flash_cell(
             continue
         parts = []
         for pass_, timing in timings.items():
-            tflops = attention_flops(batch, n, n, head_dim, causal, pass_) / (timing.ms * 1e-3) / 1e12
+            tflops = _tflops(batch, n, head_dim, causal, pass_, timing.ms)
             writer.write(
                 {**base, **errs, "pass": pass_, **timing.as_row(), "tflops": tflops, "peak_gb": mem.peak_gb}
             )
@@ -324,27 +315,26 @@ def flash_cell(
         torch.cuda.empty_cache()
 
 
+def _tolerance(dtype_name: str) -> float:
+    """Largest relative error of O, dQ, dK, dV accepted before a cell is timed."""
+    return 2e-2 if dtype_name == "fp32" else 5e-2
+
+
 def flash_bench(
-    writer: ResultWriter,
-    *,
-    head_dims,
-    seqs,
-    dtype_names,
-    causal: bool,
-    budget: Budget,
-    tokens: int,
-    goal: bool,
+    writer: ResultWriter, *, head_dims, seqs, dtype_name: str, causal: bool, budget: Budget, tokens: int
 ) -> None:
-    """The (seq x d x dtype) grid at ``tokens`` tokens per batch (B = tokens // N, at least 1), then
-    the fixed goal shape."""
-    for dtype_name in dtype_names:
-        tolerance = 2e-2 if dtype_name == "fp32" else 5e-2
-        for head_dim in head_dims:
-            for n in seqs:
-                flash_cell(writer, max(1, tokens // n), n, head_dim, dtype_name, causal, budget, tolerance)
-    if goal:
-        batch, n, head_dim = GOAL_SHAPE
-        flash_cell(writer, batch, n, head_dim, "bf16", True, budget, 5e-2)
+    """The (seq x d) grid in one dtype at ``tokens`` tokens per batch (B = tokens // N, at least 1)."""
+    for head_dim in head_dims:
+        for n in seqs:
+            flash_cell(
+                writer, max(1, tokens // n), n, head_dim, dtype_name, causal, budget, _tolerance(dtype_name)
+            )
+
+
+def goal_bench(writer: ResultWriter, budget: Budget) -> None:
+    """The fixed goal shape: causal bf16 forward+backward."""
+    batch, n, head_dim = GOAL_SHAPE
+    flash_cell(writer, batch, n, head_dim, "bf16", True, budget, _tolerance("bf16"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -401,22 +391,11 @@ def tune(
     grad_out = torch.randn_like(q)
     o_ref, lse = flash_forward(q, k, v, causal)
     grads_ref = flash_backward(q, k, v, o_ref, lse, grad_out, causal)
-    shape = f"B={batch} N={n} D={head_dim}"
     for kernel in kernels:
         # The interpreter checks that the tuner runs, with the one tile it can afford.
         for cfg in TUNE_CANDIDATES[kernel] if ON_GPU else [INTERPRETER_CONFIGS[kernel]]:
             variant = f"{kernel} m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
-            cell = {
-                "bench": "tune",
-                "variant": variant,
-                "shape": shape,
-                "dtype": dtype_name,
-                "batch": batch,
-                "seq": n,
-                "head_dim": head_dim,
-                "causal": causal,
-                "pass": kernel,
-            }
+            cell = {**_cell("tune", batch, n, head_dim, dtype_name, causal, variant=variant), "pass": kernel}
             if kernel == "fwd":
                 run = lambda cfg=cfg: flash_forward(q, k, v, causal, config=cfg)
             elif kernel == "dq":
@@ -435,10 +414,10 @@ def tune(
                 print(f"  tune {variant:26s} {row['status']}: {row['error'][:100]}")
                 continue
             pass_ = "fwd" if kernel == "fwd" else "bwd"
-            tflops = attention_flops(batch, n, n, head_dim, causal, pass_) / (timing.ms * 1e-3) / 1e12
+            tflops = _tflops(batch, n, head_dim, causal, pass_, timing.ms)
             table = cfg == tile_config(kernel, dtype, head_dim)
             writer.write({**cell, **timing.as_row(), "tflops": tflops, "in_table": table})
             print(
-                f"  tune {variant:26s} {shape}  {timing.ms:8.3f} ms  {tflops:6.1f} TF/s ({pass_})"
+                f"  tune {variant:26s} {cell['shape']}  {timing.ms:8.3f} ms  {tflops:6.1f} TF/s ({pass_})"
                 + ("  <- table" if table else "")
             )

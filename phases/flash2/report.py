@@ -8,6 +8,8 @@ KEYS = ["bench", "variant", "shape", "dtype", "pass", "causal"]
 GOAL_SHAPE = "B=16 N=16384 D=64"
 GOAL_MS = 4.0
 CARD_BYTES = 79.18 * 2**30  # what CUDA reports for the H100 80GB HBM3 (quoted in its OOM messages)
+FLASH_ROW = ["dtype", "head_dim", "seq", "batch", "pass"]  # one line of the flash-bench table
+NAIVE_CELL = ["dtype", "batch", "head_dim", "seq"]  # one cell of attention-bench and compile-bench
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -86,22 +88,16 @@ def _flash(flash: pd.DataFrame, fig: Figures) -> str:
     ok = add_speedup(
         ok, ["bench", "shape", "dtype", "pass", "causal"], "sdpa-cudnn", column="speedup_vs_cudnn"
     )
-    piv = ok.pivot_table(index=["dtype", "head_dim", "seq", "batch", "pass"], columns="variant", values="ms")
+    piv = ok.pivot_table(index=FLASH_ROW, columns="variant", values="ms")
     piv = piv.reset_index()
-    ours = ok.loc[
-        ok["variant"] == "triton", ["dtype", "head_dim", "seq", "batch", "pass", "tflops", "err_o", "err_dq"]
-    ]
-    piv = piv.merge(
-        ours.rename(columns={"tflops": "triton TFLOP/s"}), on=["dtype", "head_dim", "seq", "batch", "pass"]
-    )
+    ours = ok.loc[ok["variant"] == "triton", [*FLASH_ROW, "tflops", "err_o", "err_dq"]]
+    piv = piv.merge(ours.rename(columns={"tflops": "triton TFLOP/s"}), on=FLASH_ROW)
     if "sdpa-cudnn" in piv:
         piv["triton vs cuDNN"] = piv["sdpa-cudnn"] / piv["triton"]
     order = {"fwd": 0, "bwd": 1, "fwd+bwd": 2}
-    piv = piv.sort_values(
-        ["dtype", "head_dim", "seq", "batch", "pass"], key=lambda s: s.map(order) if s.name == "pass" else s
-    )
+    piv = piv.sort_values(FLASH_ROW, key=lambda s: s.map(order) if s.name == "pass" else s)
     variants = [v for v in ("triton", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "naive") if v in piv]
-    cols = ["dtype", "head_dim", "seq", "batch", "pass", *variants, "triton TFLOP/s"]
+    cols = [*FLASH_ROW, *variants, "triton TFLOP/s"]
     cols += [c for c in ("triton vs cuDNN",) if c in piv] + ["err_o", "err_dq"]
     out.append(
         _reps_note(ok) + "Milliseconds per call (median), by implementation:\n\n" + markdown_table(piv, cols)
@@ -172,16 +168,12 @@ def _naive(df: pd.DataFrame) -> str:
     ok = _ok(att)
     if ok.empty:
         return "\n".join(out) + _oom_arithmetic(df)
-    piv = ok.pivot_table(
-        index=["dtype", "batch", "head_dim", "seq"], columns="pass", values="ms"
-    ).reset_index()
+    piv = ok.pivot_table(index=NAIVE_CELL, columns="pass", values="ms").reset_index()
     mem = ok.loc[
         ok["pass"] == "fwd",
-        ["dtype", "batch", "head_dim", "seq", "mem_before_bwd_gb", "peak_gb", "mem_estimate_gb"],
+        [*NAIVE_CELL, "mem_before_bwd_gb", "peak_gb", "mem_estimate_gb"],
     ]
-    piv = piv.merge(mem, on=["dtype", "batch", "head_dim", "seq"]).rename(
-        columns={"fwd": "fwd ms", "bwd": "bwd ms"}
-    )
+    piv = piv.merge(mem, on=NAIVE_CELL).rename(columns={"fwd": "fwd ms", "bwd": "bwd ms"})
     out.append(_reps_note(ok) + markdown_table(piv))
     out.append(_oom_arithmetic(df))
     return "\n".join(out) + "\n"
@@ -196,21 +188,15 @@ def _compile(df: pd.DataFrame) -> str:
         "Same grid; `torch.compile(naive_attention, dynamic=True)` -- one graph for every shape. The compiled "
         "output is checked against eager's on each cell (max_err_vs_eager).\n",
     ]
-    piv = comp.pivot_table(
-        index=["dtype", "batch", "head_dim", "seq", "pass"], columns="variant", values="ms"
-    ).reset_index()
+    piv = comp.pivot_table(index=[*NAIVE_CELL, "pass"], columns="variant", values="ms").reset_index()
     if {"eager", "compile"} <= set(piv.columns):
         piv["compile speedup"] = piv["eager"] / piv["compile"]
-    peak = comp.loc[comp["pass"] == "fwd"].pivot_table(
-        index=["dtype", "batch", "head_dim", "seq"], columns="variant", values="peak_gb"
-    )
+    peak = comp.loc[comp["pass"] == "fwd"].pivot_table(index=NAIVE_CELL, columns="variant", values="peak_gb")
     peak.columns = [f"peak GB {c}" for c in peak.columns]
-    piv = piv.merge(peak.reset_index(), on=["dtype", "batch", "head_dim", "seq"])
+    piv = piv.merge(peak.reset_index(), on=NAIVE_CELL)
     if "max_err_vs_eager" in comp:
-        err = comp.loc[comp["variant"] == "compile"].groupby(["dtype", "batch", "head_dim", "seq"])[
-            "max_err_vs_eager"
-        ]
-        piv = piv.merge(err.max().reset_index(), on=["dtype", "batch", "head_dim", "seq"])
+        err = comp.loc[comp["variant"] == "compile"].groupby(NAIVE_CELL)["max_err_vs_eager"]
+        piv = piv.merge(err.max().reset_index(), on=NAIVE_CELL)
     out.append(markdown_table(piv))
     return "\n".join(out) + "\n"
 

@@ -18,7 +18,7 @@ import common
 from common import ResultWriter, interpreter_banner
 from common.report import render_phase
 
-from .bench import KERNELS, PASSES, VARIANTS, run
+from .bench import DTYPES, KERNELS, PASSES, VARIANTS, run
 
 PHASE = "kernel_suite"
 
@@ -36,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--passes", nargs="+", default=list(PASSES), help=f"any of {', '.join(PASSES)}")
     parser.add_argument("--quick", action="store_true", help="two shapes per kernel and shorter timing")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--dtype", default="bf16", choices=DTYPES)
     args = parser.parse_args(argv)
     for name, given, allowed in (
         ("kernels", args.kernels, KERNELS),
@@ -55,10 +55,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     print(interpreter_banner())
     torch.manual_seed(0)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     bench_kw = {"warmup_ms": 50.0, "rep_ms": 200.0} if args.quick or not common.ON_GPU else {}
     writer = ResultWriter(PHASE)
-    run(args.kernels, args.variants, args.passes, args.size, writer, dtype, bench_kw)
+    run(args.kernels, args.variants, args.passes, args.size, writer, args.dtype, bench_kw)
     print(f"rows: {writer.path}")
     print(f"report: {render_phase(PHASE)}")
 

@@ -46,8 +46,9 @@ def fp8_eager(x, granularity="row", block=128):
     return q.reshape(x.shape), scale.squeeze(-1)
 
 
-def liger_ops():
-    """{kernel: callable or reason it is skipped}; every value a reason when Liger-Kernel is not installed."""
+def liger_ops(kernels) -> dict:
+    """{kernel: callable or reason it is skipped}; every one of ``kernels`` a reason when Liger-Kernel is
+    not installed."""
     try:
         rms = importlib.import_module("liger_kernel.ops.rms_norm")
         swi = importlib.import_module("liger_kernel.ops.swiglu")
@@ -55,9 +56,7 @@ def liger_ops():
         ce = importlib.import_module("liger_kernel.ops.cross_entropy")
     except Exception as err:  # ImportError, or a Triton/driver error on import
         reason = f"liger-kernel not importable ({type(err).__name__}: {err})"[:200]
-        return dict.fromkeys(
-            ["rms_norm", "gelu", "swiglu", "rope", "cross_entropy", "fp8_row", "fp8_block"], reason
-        )
+        return dict.fromkeys(kernels, reason)
 
     def liger_rope(q, k, cos_full, sin_full):
         # Liger takes (B, H, T, D) views of (B, T, H, D) storage: exactly our layout, transposed.

@@ -27,6 +27,7 @@ from .rope import rope, rope_cache
 KERNELS = ("rms_norm", "gelu", "swiglu", "rope", "cross_entropy", "fp8_row", "fp8_block")
 VARIANTS = ("ours", "eager", "compile", "liger")
 PASSES = ("fwd", "bwd", "fwd+bwd")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 # (tokens, width) per kernel; rope's width is heads x head_dim of q (k has a quarter of the heads).
 SHAPES = {
@@ -91,46 +92,41 @@ def _randn(*shape, dtype, requires_grad=False):
     return torch.randn(*shape, device=common.DEVICE, dtype=dtype).requires_grad_(requires_grad)
 
 
+def _pass_bytes(fwd: int, bwd: int) -> dict[str, int]:
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
+
+
 def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: dict) -> Case:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: unknown {kernel!r}; expected one of {', '.join(KERNELS)}")
     b = torch.finfo(dtype).bits // 8
     elems = tokens * width
     ours = {
         "rms_norm": rms_norm,
         "gelu": gelu,
         "swiglu": swiglu,
+        "rope": rope,
         "cross_entropy": cross_entropy,
         "fp8_row": functools.partial(quantize_fp8, granularity="row"),
         "fp8_block": functools.partial(quantize_fp8, granularity="block", block=128),
     }
-    if kernel == "rms_norm":
-        args = [
-            _randn(tokens, width, dtype=dtype, requires_grad=True),
-            (1 + 0.1 * _randn(width, dtype=torch.float32)).to(dtype).requires_grad_(),
-        ]
-        fwd = 2 * elems * b + width * b + tokens * 4
-        bwd = 3 * elems * b + 2 * width * b + tokens * 4
-        case = Case(
-            kernel,
-            tokens,
-            width,
-            args,
-            [_randn(tokens, width, dtype=dtype)],
-            {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd},
-        )
-        eager = baselines.rms_norm_eager
-    elif kernel in ("gelu", "swiglu"):
-        n_in = 1 if kernel == "gelu" else 2
-        args = [_randn(tokens, width, dtype=dtype, requires_grad=True) for _ in range(n_in)]
-        fwd, bwd = (n_in + 1) * elems * b, (2 * n_in + 1) * elems * b
-        case = Case(
-            kernel,
-            tokens,
-            width,
-            args,
-            [_randn(tokens, width, dtype=dtype)],
-            {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd},
-        )
-        eager = baselines.gelu_eager if kernel == "gelu" else baselines.swiglu_eager
+    passes, compiled, liger_fn = PASSES, None, liger[kernel]
+    if kernel in ("rms_norm", "gelu", "swiglu"):
+        # Row-wise or elementwise: outputs and upstream gradients of the input's shape.
+        if kernel == "rms_norm":
+            args = [
+                _randn(tokens, width, dtype=dtype, requires_grad=True),
+                (1 + 0.1 * _randn(width, dtype=torch.float32)).to(dtype).requires_grad_(),
+            ]
+            fwd = 2 * elems * b + width * b + tokens * 4
+            bwd = 3 * elems * b + 2 * width * b + tokens * 4
+            eager = baselines.rms_norm_eager
+        else:
+            n_in = 1 if kernel == "gelu" else 2
+            args = [_randn(tokens, width, dtype=dtype, requires_grad=True) for _ in range(n_in)]
+            fwd, bwd = (n_in + 1) * elems * b, (2 * n_in + 1) * elems * b
+            eager = baselines.gelu_eager if kernel == "gelu" else baselines.swiglu_eager
+        grad_outs, nbytes = [_randn(tokens, width, dtype=dtype)], _pass_bytes(fwd, bwd)
     elif kernel == "rope":
         d = ROPE_HEAD_DIM
         heads = width // d
@@ -141,57 +137,36 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         k = _randn(batch, seq, kv_heads, d, dtype=dtype, requires_grad=True)
         cos, sin = rope_cache(seq, d)
         moved = 2 * (q.numel() + k.numel()) * b + 2 * cos.numel() * 4
-        case = Case(
-            kernel,
-            tokens,
-            width,
-            [q, k, cos, sin],
-            [_randn(*q.shape, dtype=dtype), _randn(*k.shape, dtype=dtype)],
-            {"fwd": moved, "bwd": moved, "fwd+bwd": 2 * moved},
-        )
+        args, nbytes = [q, k, cos, sin], _pass_bytes(moved, moved)
+        grad_outs = [_randn(*q.shape, dtype=dtype), _randn(*k.shape, dtype=dtype)]
         # eager and Liger take the Hugging Face layout: cos/sin of (T, D), duplicated halves, in x's dtype
         cos_full, sin_full = torch.cat([cos, cos], -1).to(dtype), torch.cat([sin, sin], -1).to(dtype)
-        case.functions = {
-            "ours": rope,
-            "eager": lambda q, k, c, s: baselines.rope_eager(q, k, cos_full, sin_full),
-            "compile": _compiled(baselines.rope_eager, cos_full, sin_full),
-            "liger": liger["rope"]
-            if isinstance(liger["rope"], str)
-            else lambda q, k, c, s: liger["rope"](q, k, cos_full, sin_full),
-        }
-        return case
+        eager = lambda q, k, c, s: baselines.rope_eager(q, k, cos_full, sin_full)
+        compiled = _compiled(baselines.rope_eager, cos_full, sin_full)
+        if not isinstance(liger_fn, str):
+            liger_fn = lambda q, k, c, s: liger["rope"](q, k, cos_full, sin_full)
     elif kernel == "cross_entropy":
         logits = _randn(tokens, width, dtype=dtype, requires_grad=True)
         target = torch.randint(0, width, (tokens,), device=common.DEVICE)
         target[::97] = -100  # a few ignored positions (padding)
+        args, grad_outs, nbytes = [logits, target], None, {"fwd+bwd": 2 * elems * b + tokens * 8}
         # The gradient is computed in our forward, so only forward+backward compares like with like.
-        case = Case(
-            kernel,
-            tokens,
-            width,
-            [logits, target],
-            None,
-            {"fwd+bwd": 2 * elems * b + tokens * 8},
-            passes=("fwd+bwd",),
-        )
+        passes = ("fwd+bwd",)
         eager = baselines.cross_entropy_eager
-    elif kernel in ("fp8_row", "fp8_block"):
+    else:  # fp8_row, fp8_block
         granularity = kernel.removeprefix("fp8_")
         x = _randn(tokens, width, dtype=dtype)
         n_scales = tokens * (1 if granularity == "row" else width // 128)
-        case = Case(
-            kernel, tokens, width, [x], None, {"fwd": elems * b + elems + n_scales * 4}, passes=("fwd",)
-        )
+        args, grad_outs, nbytes = [x], None, {"fwd": elems * b + elems + n_scales * 4}
+        passes = ("fwd",)
         eager = functools.partial(baselines.fp8_eager, granularity=granularity, block=128)
-    else:
-        raise ValueError(f"kernel: unknown {kernel!r}; expected one of {', '.join(KERNELS)}")
-    case.functions = {
+    functions = {
         "ours": ours[kernel],
         "eager": eager,
-        "compile": _compiled(eager),
-        "liger": liger[kernel],
+        "compile": compiled or _compiled(eager),
+        "liger": liger_fn,
     }
-    return case
+    return Case(kernel, tokens, width, args, grad_outs, nbytes, functions, passes)
 
 
 @functools.cache
@@ -322,9 +297,10 @@ def run_case(case: Case, variants, passes, writer: ResultWriter, bench_kw: dict,
             "tokens": case.tokens,
             "width": case.width,
         }
+        label = f"  {case.kernel:13s} {case.shape:>13s} {variant:8s}"
         if isinstance(fn, str):
             writer.write({**base, "pass": "all", "status": "skipped", "error": fn})
-            print(f"  {case.kernel:13s} {case.shape:>13s} {variant:8s} skipped: {fn}")
+            print(f"{label} skipped: {fn}")
             continue
         args = _fresh(case.args)
         try:
@@ -337,7 +313,7 @@ def run_case(case: Case, variants, passes, writer: ResultWriter, bench_kw: dict,
             timers = _timers(case, fn, args)
         except Exception as exc:  # a failed cell is a row, and the sweep goes on
             row = writer.write({**base, "pass": "all", **failure_row(exc)})
-            print(f"  {case.kernel:13s} {case.shape:>13s} {variant:8s} {row['status']}: {row['error'][:150]}")
+            print(f"{label} {row['status']}: {row['error'][:150]}")
             continue
         for name in passes:
             if name not in timers:
@@ -346,10 +322,7 @@ def run_case(case: Case, variants, passes, writer: ResultWriter, bench_kw: dict,
                 timing = bench(timers[name], **bench_kw)
             except Exception as exc:
                 row = writer.write({**base, "pass": name, **failure_row(exc)})
-                print(
-                    f"  {case.kernel:13s} {case.shape:>13s} {variant:8s} {name:8s} {row['status']}: "
-                    f"{row['error'][:150]}"
-                )
+                print(f"{label} {name:8s} {row['status']}: {row['error'][:150]}")
                 continue
             host_ms, device_ms = host_and_device_ms(timers[name])
             nbytes = case.bytes[name]
@@ -372,7 +345,7 @@ def run_case(case: Case, variants, passes, writer: ResultWriter, bench_kw: dict,
                 }
             )
             print(
-                f"  {case.kernel:13s} {case.shape:>13s} {variant:8s} {name:8s} {timing.ms:9.4f} ms "
+                f"{label} {name:8s} {timing.ms:9.4f} ms "
                 f"{gbps:8.1f} GB/s ({100 * gbps / copy:5.1f}% of copy)  err {err:.1e}  +{extra_gb:.2f} GB  "
                 f"host {host_ms:.3f} / device {device_ms:.3f} ms"
             )
@@ -380,17 +353,13 @@ def run_case(case: Case, variants, passes, writer: ResultWriter, bench_kw: dict,
     del ref
 
 
-def run(
-    kernels, variants, passes, size: str, writer: ResultWriter, dtype: torch.dtype, bench_kw: dict
-) -> None:
-    liger = baselines.liger_ops() if "liger" in variants else {}
-    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+def run(kernels, variants, passes, size: str, writer: ResultWriter, dtype_name: str, bench_kw: dict) -> None:
+    liger = baselines.liger_ops(KERNELS) if "liger" in variants else dict.fromkeys(KERNELS, "not requested")
+    dtype = DTYPES[dtype_name]
     for kernel in kernels:
         for tokens, width in SHAPES[size][kernel]:
             try:
-                case = make_case(
-                    kernel, tokens, width, dtype, liger or dict.fromkeys(KERNELS, "not requested")
-                )
+                case = make_case(kernel, tokens, width, dtype, liger)
                 run_case(case, variants, passes, writer, bench_kw, dtype_name)
             except Exception as exc:
                 writer.write(

@@ -22,6 +22,23 @@ def _elements(shape: str) -> int:
     return int(tokens) * int(width)
 
 
+def _largest_shape(rows: pd.DataFrame) -> str | None:
+    """The largest shape we measured among ``rows`` (None if ours has none)."""
+    ours = rows.loc[rows["variant"] == "ours", "shape"]
+    return max(ours, key=_elements) if not ours.empty else None
+
+
+def _ours_and_others(cell: pd.DataFrame) -> tuple[pd.Series | None, pd.DataFrame]:
+    """One (kernel, shape, pass) cell split into our row (None if missing) and the timed baselines."""
+    ours = cell.loc[cell["variant"] == "ours"]
+    others = cell.loc[cell["variant"].isin(BASELINES)].dropna(subset=["ms"])
+    return (ours.iloc[0] if not ours.empty else None), others
+
+
+def _fastest(others: pd.DataFrame) -> pd.Series:
+    return others.loc[others["ms"].idxmin()]
+
+
 def _kernel_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per (shape, pass): each variant's ms, ours' GB/s and share of copy, the best alternative."""
     lines = []
@@ -30,21 +47,23 @@ def _kernel_table(rows: pd.DataFrame) -> pd.DataFrame:
         line = {"shape": shape, "pass": pass_}
         for variant in ("ours", *BASELINES):
             line[f"{variant} ms"] = by_variant["ms"].get(variant, float("nan"))
-        ours = by_variant.loc["ours"] if "ours" in by_variant.index else None
-        bases = cell.loc[cell["variant"].isin(BASELINES)].dropna(subset=["ms"])
-        line["ours GB/s"] = ours["gbps"] if ours is not None else float("nan")
-        line["ours % copy"] = ours["pct_copy"] if ours is not None else float("nan")
-        line["copy GB/s"] = ours["copy_gbps"] if ours is not None else float("nan")
-        if not bases.empty and ours is not None:
-            best = bases.loc[bases["ms"].idxmin()]
+        ours, others = _ours_and_others(cell)
+        mine = ours if ours is not None else pd.Series(dtype=float)
+        for column, key in (("ours GB/s", "gbps"), ("ours % copy", "pct_copy"), ("copy GB/s", "copy_gbps")):
+            line[column] = mine.get(key, float("nan"))
+        if ours is not None and not others.empty:
+            best = _fastest(others)
             line["best other"] = best["variant"]
             line["speedup vs best"] = best["ms"] / ours["ms"]
-            if "device_ms" in bases:
-                line["others' min device ms"] = bases["device_ms"].min()
-        for column, key in (("ours host ms", "host_ms"), ("ours device ms", "device_ms")):
-            line[column] = ours.get(key, float("nan")) if ours is not None else float("nan")
-        line["ours extra GB"] = ours["extra_mem_gb"] if ours is not None else float("nan")
-        line["ours rel err"] = ours["rel_err"] if ours is not None else float("nan")
+            if "device_ms" in others:
+                line["others' min device ms"] = others["device_ms"].min()
+        for column, key in (
+            ("ours host ms", "host_ms"),
+            ("ours device ms", "device_ms"),
+            ("ours extra GB", "extra_mem_gb"),
+            ("ours rel err", "rel_err"),
+        ):
+            line[column] = mine.get(key, float("nan"))
         lines.append(line)
     table = pd.DataFrame(lines)
     table["_elems"] = table["shape"].map(_elements)
@@ -82,11 +101,10 @@ def _goals(ok: pd.DataFrame) -> str:
     ]
     for kernel in MEMORY_BOUND:
         rows = ok.loc[ok["kernel"] == kernel]
-        ours = rows.loc[rows["variant"] == "ours"]
-        if ours.empty:
+        largest = _largest_shape(rows)
+        if largest is None:
             continue
-        largest = max(ours["shape"], key=_elements)
-        for _, row in ours.loc[ours["shape"] == largest].iterrows():
+        for _, row in rows.loc[(rows["variant"] == "ours") & (rows["shape"] == largest)].iterrows():
             met = (
                 "met"
                 if row["pct_copy"] >= COPY_GOAL_PCT
@@ -95,13 +113,11 @@ def _goals(ok: pd.DataFrame) -> str:
             lines.append(f"| {kernel} | {largest} | {row['pass']} | {row['pct_copy']:.1f}% | {met} | |")
         slower = []
         for (shape, pass_), cell in rows.groupby(["shape", "pass"]):
-            mine = cell.loc[cell["variant"] == "ours", "ms"]
-            others = cell.loc[cell["variant"].isin(BASELINES)]
-            if mine.empty or others.empty:
+            ours, others = _ours_and_others(cell)
+            if ours is None or others.empty:
                 continue
-            best = others.loc[others["ms"].idxmin()]
-            if best["ms"] * TIE < mine.iloc[0]:
-                ours = cell.loc[cell["variant"] == "ours"].iloc[0]
+            best = _fastest(others)
+            if best["ms"] * TIE < ours["ms"]:
                 host, device = ours.get("host_ms", float("nan")), ours.get("device_ms", float("nan"))
                 why = (
                     f" (ours host-bound: {host:.3f} ms of CPU per call, {device:.3f} ms of kernels)"
@@ -109,7 +125,7 @@ def _goals(ok: pd.DataFrame) -> str:
                     else ""
                 )
                 slower.append(
-                    f"{shape} {pass_}: {best['variant']} {mine.iloc[0] / best['ms']:.2f}x faster{why}"
+                    f"{shape} {pass_}: {best['variant']} {ours['ms'] / best['ms']:.2f}x faster{why}"
                 )
         lines.append(f"| {kernel} | all | all | | | {'; '.join(slower) if slower else 'never'} |")
     ce = ok.loc[
@@ -135,16 +151,13 @@ def _final_table(ok: pd.DataFrame) -> str:
     lines = []
     for kernel in KERNELS:
         rows = ok.loc[(ok["kernel"] == kernel) & (ok["pass"] == _main_pass(kernel))]
-        ours = rows.loc[rows["variant"] == "ours"]
-        if ours.empty:
+        shape = _largest_shape(rows)
+        if shape is None:
             continue
-        shape = max(ours["shape"], key=_elements)
-        cell = rows.loc[rows["shape"] == shape]
-        mine = cell.loc[cell["variant"] == "ours"].iloc[0]
-        others = cell.loc[cell["variant"].isin(BASELINES)]
+        mine, others = _ours_and_others(rows.loc[rows["shape"] == shape])
         line = {"kernel": f"{kernel} {_main_pass(kernel)} {shape}", "our latency (ms)": mine["ms"]}
         if not others.empty:
-            best = others.loc[others["ms"].idxmin()]
+            best = _fastest(others)
             line.update(
                 {
                     "base latency (ms)": best["ms"],
