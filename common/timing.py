@@ -51,8 +51,10 @@ class Timing:
 
 
 def summarize(samples_ms: list[float]) -> Timing:
-    q = statistics.quantiles(samples_ms, n=10, method="inclusive") if len(samples_ms) > 1 else samples_ms * 9
-    return Timing(statistics.median(samples_ms), q[1], q[7], len(samples_ms))
+    if len(samples_ms) == 1:  # one sample is its own median and spread
+        return Timing(samples_ms[0], samples_ms[0], samples_ms[0], 1)
+    deciles = statistics.quantiles(samples_ms, n=10, method="inclusive")
+    return Timing(statistics.median(samples_ms), deciles[1], deciles[7], len(samples_ms))
 
 
 class _Clock:

@@ -28,3 +28,8 @@ def test_stage_timer_records_every_stage():
     assert set(stages) == {"step", "forward", "backward"}
     assert stages["step"].reps == 3
     assert stages["step"].ms >= stages["forward"].ms + stages["backward"].ms * 0.9
+
+
+def test_summarize_one_sample():
+    t = summarize([2.5])
+    assert (t.ms, t.p20_ms, t.p80_ms, t.reps) == (2.5, 2.5, 2.5, 1)
