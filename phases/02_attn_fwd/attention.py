@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from common import ON_GPU
+from common.launch import constexpr_tail, launch_compiled, signature_key
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -240,7 +241,7 @@ FWD_SEARCH_SPACE = [
     (128, 64, 4, 3, "tma"),
     (128, 64, 4, 4, "tma"),
     (128, 64, 8, 4, "tma"),
-    (128, 128, 8, 3, "tma"),
+    (128, 128, 4, 3, "tma"),
     (64, 64, 4, 3, "blockptr"),
     (128, 64, 4, 3, "blockptr"),
     (128, 64, 8, 3, "blockptr"),
@@ -317,9 +318,8 @@ def _tma_allocator(size: int, alignment: int, stream):
 triton.set_allocator(_tma_allocator)
 
 
-def chosen_config(kernel, interpreter_config: dict = INTERPRETER_CONFIG) -> str:
-    """The autotuner's pick for the most recent launch, as a compact string for CSV rows."""
-    cfg = getattr(kernel, "best_config", None)
+def chosen_config(cfg: triton.Config | None, interpreter_config: dict = INTERPRETER_CONFIG) -> str:
+    """An autotuner's pick (None in the interpreter), as a compact string for CSV rows."""
     if cfg is None:
         return "interpreter:" + ",".join(f"{k}={v}" for k, v in interpreter_config.items())
     kw = cfg.kwargs
@@ -328,7 +328,8 @@ def chosen_config(kernel, interpreter_config: dict = INTERPRETER_CONFIG) -> str:
 
 
 def last_forward_config() -> str:
-    return chosen_config(_fwd_autotuned if ON_GPU else None)
+    """The config of the most recent forward launch."""
+    return chosen_config(LAST_CONFIG.get("config"))
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -343,6 +344,12 @@ def strides4(t: torch.Tensor) -> tuple:
 # --- the entry point ---------------------------------------------------------------------------
 
 DEFAULT_IMPL = "auto"
+# Per call signature (the strides, shapes, dtypes and alignment of q, k, v, and the loader): the
+# compiled kernel the autotuner picked, its grid and constexprs. Later calls with that signature
+# launch it directly, skipping the autotuner's and Triton's per-call argument binding -- host time
+# that is most of the call at the small shape (README, note 7).
+_LAUNCHES: dict = {}
+LAST_CONFIG: dict = {}
 
 
 def attention_forward(
@@ -360,18 +367,41 @@ def attention_forward(
     impl = impl or DEFAULT_IMPL
     if impl not in IMPLS:
         raise ValueError(f"impl: unknown {impl!r}; expected one of {IMPLS}")
+    return checked_forward(q, k, v, scale, impl)
+
+
+def checked_forward(q, k, v, scale: float, impl: str = DEFAULT_IMPL) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attention_forward`` for callers that have already run ``check_inputs`` (phases 03, 04)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     o = torch.empty((B, Lq, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    choice = IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else IMPL_CHOICE["blockptr"]
-    args = (q, k, v, o, lse, scale * LOG2E, *strides4(q), *strides4(k), *strides4(v), *strides4(o))
-    args += (H, Lq, Lk, shape_bucket(Lq), shape_bucket(Lk), choice)
-    meta = {"HEAD_DIM": D, "DOT_PRECISION": dot_precision(q.dtype)}
+    args = (q, k, v, o, lse, scale * LOG2E, *strides4(q), *strides4(k), *strides4(v), *strides4(o), H, Lq, Lk)
     if ON_GPU:
-        _fwd_autotuned[lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,)](*args, **meta)
+        key = (signature_key(q, k, v), impl)  # o and lse are ours: always the same layout
+        launch = _LAUNCHES.get(key)
+        if launch is None:
+            launch = _LAUNCHES[key] = _tune_forward(args, impl)
+        kernel, grid, tail, LAST_CONFIG["config"] = launch
+        launch_compiled(kernel, grid, args + tail)
     else:  # the interpreter: one fixed small config, TMA unless the caller or the strides rule it out
+        args += (shape_bucket(Lq), shape_bucket(Lk), IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else 0)
         grid = (triton.cdiv(Lq, INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
-        use_tma = choice != IMPL_CHOICE["blockptr"]
+        use_tma = args[-1] != IMPL_CHOICE["blockptr"]
+        meta = {"HEAD_DIM": D, "DOT_PRECISION": dot_precision(q.dtype)}
         _attn_fwd_kernel[grid](*args, **meta, **INTERPRETER_CONFIG, USE_TMA=use_tma, WARP_SPECIALIZE=False)
     return o, lse
+
+
+def _tune_forward(args: tuple, impl: str) -> tuple:
+    """Autotune (or reuse the tuning of) a new call signature; what a direct launch needs."""
+    q, k, v, o = args[:4]
+    (B, H, Lq, D), Lk = q.shape, k.shape[2]
+    choice = IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else IMPL_CHOICE["blockptr"]
+    args += (shape_bucket(Lq), shape_bucket(Lk), choice)
+    meta = {"HEAD_DIM": D, "DOT_PRECISION": dot_precision(q.dtype)}
+    kernel = _fwd_autotuned[lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,)](*args, **meta)
+    config = _fwd_autotuned.best_config
+    grid = (triton.cdiv(Lq, config.kwargs["BLOCK_M"]) * B * H, 1, 1)
+    tail = args[-3:] + constexpr_tail(_attn_fwd_kernel, len(args), {**meta, **config.kwargs})
+    return kernel, grid, tail, config

@@ -139,3 +139,11 @@ def errors_against_sdpa(attention, B: int, H: int, Lq: int, Lk: int, D: int = 64
     for name, a, b in zip(("dq", "dk", "dv"), grads, grads_ref, strict=True):
         errors[name] = (a.float() - b.float()).abs().max().item() / b.float().abs().max().item()
     return errors
+
+
+def misaligned_inputs(B, H, Lq, Lk, D, dtype, device):
+    """Contiguous q, k, v whose data starts one element past a 16-byte boundary."""
+    sizes = (B * H * Lq * D, B * H * Lk * D, B * H * Lk * D)
+    flat = torch.randn(sum(sizes) + 1, dtype=dtype, device=device)[1:]
+    q, k, v = flat.split(sizes)
+    return q.view(B, H, Lq, D), k.view(B, H, Lk, D), v.view(B, H, Lk, D)

@@ -456,7 +456,10 @@ def last_backward_configs() -> dict:
     if not ON_GPU:
         fixed = fwd.chosen_config(None, INTERPRETER_CONFIG)
         return {"dkdv_config": fixed, "dq_config": fixed}
-    return {"dkdv_config": fwd.chosen_config(_dkdv_autotuned), "dq_config": fwd.chosen_config(_dq_autotuned)}
+    return {
+        "dkdv_config": fwd.chosen_config(_dkdv_autotuned.best_config),
+        "dq_config": fwd.chosen_config(_dq_autotuned.best_config),
+    }
 
 
 # --- the host side -----------------------------------------------------------------------------
@@ -589,7 +592,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale):
         ctx.scale = fwd.check_inputs(q, k, v, scale)
-        o, lse = fwd.attention_forward(q, k, v, ctx.scale)
+        o, lse = fwd.checked_forward(q, k, v, ctx.scale)
         ctx.save_for_backward(q, k, v, o, lse)
         return o
 

@@ -36,6 +36,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources, PTXASError
 
 from common import ON_GPU
+from common.launch import constexpr_tail, launch_compiled, signature_key
 
 fwd = importlib.import_module("phases.02_attn_fwd")
 bwd = importlib.import_module("phases.03_attn_bwd")
@@ -210,10 +211,11 @@ _fused_autotuned = triton.autotune(
 
 # What the compiler reported for the most recent launch on a GPU: the config, registers, spills.
 COMPILE_REPORT: dict = {}
-# The autotuner's pick per tuning key. Later calls launch the kernel with it directly: the
-# autotuner's own per-call bookkeeping over this kernel's 60 arguments costs host time that
-# shows at the small shape, where a whole forward + backward takes a fraction of a millisecond.
-_TUNED: dict = {}
+# Per call signature (shapes, strides, dtypes, alignment of q, k, v, do): the compiled kernel the
+# autotuner chose and its launch settings. Later calls launch it directly: the autotuner's and
+# Triton's per-call binding of this kernel's 60 arguments is host time that shows at the small
+# shape, where a whole forward + backward takes 0.12 ms of GPU time (README, note 9).
+_LAUNCHES: dict = {}
 
 
 def _interpreter_config(Lk: int) -> dict:
@@ -229,15 +231,23 @@ def last_fused_config() -> dict:
     return {"fused_config": f"{tiles},warps={cfg.num_warps},stages={cfg.num_stages}", **report}
 
 
-def _launch_tuned(grid, args, meta, tuning_key):
-    """The first call per tuning key autotunes; later ones launch the chosen config directly."""
-    config = _TUNED.get(tuning_key)
-    if config is None:
-        compiled = _fused_autotuned[grid](*args, **meta)
-        config = _TUNED[tuning_key] = _fused_autotuned.best_config
-    else:
-        compiled = _fused_bwd_kernel[grid](*args, **meta, **config.all_kwargs())
-    COMPILE_REPORT.update(config=config, n_regs=compiled.n_regs, n_spills=compiled.n_spills)
+def _grid(cfg: dict, Lq: int, Lk: int, n_bh: int, n_chunks: int) -> tuple[int, int, int]:
+    if cfg["KEYS_WRITE_DQ"] and Lk > cfg["BLOCK_N1"]:  # _prune's rule, kept across a bucket
+        raise RuntimeError(f"fused backward: a config with KEYS_WRITE_DQ chosen for Lk={Lk}")
+    key_blocks = triton.cdiv(Lk, cfg["BLOCK_N1"])
+    query_programs = 0 if cfg["KEYS_WRITE_DQ"] else triton.cdiv(Lq, cfg["BLOCK_M2"])
+    return (key_blocks * n_chunks + query_programs, n_bh, 1)
+
+
+def _tune(args: tuple, meta: dict, n_chunks: int) -> tuple:
+    """Autotune (or reuse the tuning of) a new call signature; what a direct launch needs."""
+    q, k = args[0], args[1]
+    B, H, Lq, Lk = *q.shape[:3], k.shape[2]
+    kernel = _fused_autotuned[lambda cfg: _grid(cfg, Lq, Lk, B * H, n_chunks)](*args, **meta)
+    config = _fused_autotuned.best_config
+    grid = _grid(config.kwargs, Lq, Lk, B * H, n_chunks)
+    report = {"config": config, "n_regs": kernel.n_regs, "n_spills": kernel.n_spills}
+    return kernel, grid, constexpr_tail(_fused_bwd_kernel, len(args), {**meta, **config.kwargs}), report
 
 
 def fused_attention_backward(q, k, v, o, lse, do, scale: float):
@@ -248,26 +258,22 @@ def fused_attention_backward(q, k, v, o, lse, do, scale: float):
     n_chunks = triton.cdiv(Lq, q_chunk)
     grads, partials = bwd.key_grad_buffers(k, n_chunks)
     dq = bwd.like_q_layout(q)
-    buckets = (fwd.shape_bucket(Lq), fwd.shape_bucket(Lk))
     args = (q, k, v, o, do, lse, dq, partials[:, 0], partials[:, 1], scale, scale * fwd.LOG2E)
     args += (*fwd.strides4(q), *fwd.strides4(k), *fwd.strides4(v), *fwd.strides4(o), *fwd.strides4(do))
-    args += (*fwd.strides4(dq), *bwd.partial_strides(partials), H, Lq, Lk, q_chunk, n_chunks, *buckets)
+    args += (*fwd.strides4(dq), *bwd.partial_strides(partials), H, Lq, Lk, q_chunk, n_chunks)
+    args += (fwd.shape_bucket(Lq), fwd.shape_bucket(Lk))
     meta = {"HEAD_DIM": D, "DOT_PRECISION": fwd.dot_precision(q.dtype)}
-
-    def grid(cfg):
-        if cfg["KEYS_WRITE_DQ"] and Lk > cfg["BLOCK_N1"]:  # _prune's rule, kept across a bucket
-            raise RuntimeError(f"fused backward: a config with KEYS_WRITE_DQ chosen for Lk={Lk}")
-        key_blocks = triton.cdiv(Lk, cfg["BLOCK_N1"])
-        query_programs = 0 if cfg["KEYS_WRITE_DQ"] else triton.cdiv(Lq, cfg["BLOCK_M2"])
-        return (key_blocks * n_chunks + query_programs, B * H)
-
     if ON_GPU:
-        # The autotuner's key: the buckets, D, and the dtypes of the tensors (partials may be fp32).
-        tuning_key = (*buckets, D, q.dtype, do.dtype, partials.dtype)
-        _launch_tuned(grid, args, meta, tuning_key)
+        key = signature_key(q, k, v, do)  # o, lse, dq and the partials are ours: fixed layouts
+        launch = _LAUNCHES.get(key)
+        if launch is None:
+            launch = _LAUNCHES[key] = _tune(args, meta, n_chunks)
+        kernel, grid, tail, report = launch
+        COMPILE_REPORT.update(report)
+        launch_compiled(kernel, grid, args + tail)
     else:
         config = _interpreter_config(Lk)
-        _fused_bwd_kernel[grid(config)](*args, **meta, **config)
+        _fused_bwd_kernel[_grid(config, Lq, Lk, B * H, n_chunks)](*args, **meta, **config)
     bwd.reduce_key_grads(partials, grads)
     return dq, grads[0], grads[1]
 
@@ -276,7 +282,7 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale):
         ctx.scale = fwd.check_inputs(q, k, v, scale)
-        o, lse = fwd.attention_forward(q, k, v, ctx.scale)
+        o, lse = fwd.checked_forward(q, k, v, ctx.scale)
         ctx.save_for_backward(q, k, v, o, lse)
         return o
 

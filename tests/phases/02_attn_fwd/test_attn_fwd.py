@@ -124,3 +124,18 @@ def test_forward_mid_shape_within_spec_of_sdpa():
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         o_sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     assert (o.float() - o_sdpa.float()).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_direct_launch_respecialises_for_a_misaligned_view():
+    # Launches are cached per signature; alignment is part of it, so an aligned call must not
+    # hand its binary (which assumes 16-byte aligned rows) to inputs of the same shape that are not.
+    B, H, Lq, Lk, D = 1, 2, 100, 70, 64
+    q, k, v = (t.contiguous() for t in ref.misaligned_inputs(B, H, Lq, Lk, D, torch.bfloat16, DEVICE))
+    fwd.attention_forward(q, k, v)  # aligned copies: compiles and caches
+    for _ in range(2):  # the misaligned call, then its own cached launch
+        q, k, v = ref.misaligned_inputs(B, H, Lq, Lk, D, torch.bfloat16, DEVICE)
+        assert q.data_ptr() % 16 != 0
+        o, _ = fwd.attention_forward(q, k, v)
+        o_ref, _ = ref.reference_attention(q, k, v)
+        assert (o.double() - o_ref).abs().max().item() < TOLERANCE[torch.bfloat16]

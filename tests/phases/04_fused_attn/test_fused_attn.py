@@ -105,3 +105,22 @@ def test_spilling_configs_are_pruned():
     assert fused_module._drop_spilling(["a", "b", "too-big", "c", "d"], compile_for_call) == ["b", "d"]
     # Every config spills: the least-spilling one, so that the call still runs (and is reported).
     assert fused_module._drop_spilling(["a", "c", "too-big"], compile_for_call) == ["c"]
+
+
+@pytest.mark.gpu
+def test_direct_launch_respecialises_for_a_misaligned_view():
+    # The backward's cached launch is keyed on q, k, v, do including alignment (see phase 02's test).
+    B, H, Lq, Lk, D = 1, 2, 100, 70, 64
+    ref.gradient_errors(fused.attention, B, H, Lq, Lk, D, torch.bfloat16, common.DEVICE)  # aligned
+    for _ in range(2):
+        q, k, v = (
+            t.requires_grad_() for t in ref.misaligned_inputs(B, H, Lq, Lk, D, torch.bfloat16, common.DEVICE)
+        )
+        do = torch.randn_like(q)
+        grads = torch.autograd.grad(fused.attention(q, k, v), (q, k, v), do)
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        grads64 = torch.autograd.grad(ref.reference_attention(q64, k64, v64)[0], (q64, k64, v64), do.double())
+        for g, g64 in zip(grads, grads64, strict=True):
+            assert (g.double() - g64).abs().max().item() < TOLERANCE[torch.bfloat16] * max(
+                g64.abs().max().item(), 1
+            )
