@@ -373,35 +373,44 @@ def attention_forward(
 def checked_forward(q, k, v, scale: float, impl: str = DEFAULT_IMPL) -> tuple[torch.Tensor, torch.Tensor]:
     """``attention_forward`` for callers that have already run ``check_inputs`` (phases 03, 04)."""
     B, H, Lq, D = q.shape
-    Lk = k.shape[2]
     o = torch.empty((B, Lq, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    args = (q, k, v, o, lse, scale * LOG2E, *strides4(q), *strides4(k), *strides4(v), *strides4(o), H, Lq, Lk)
+    tensors = (q, k, v, o, lse, scale * LOG2E)
     if ON_GPU:
-        key = (signature_key(q, k, v), impl)  # o and lse are ours: always the same layout
+        key = (signature_key(q, k, v), impl)  # o and lse are ours: their layout follows from q's shape
         launch = _LAUNCHES.get(key)
         if launch is None:
-            launch = _LAUNCHES[key] = _tune_forward(args, impl)
-        kernel, grid, tail, LAST_CONFIG["config"] = launch
-        launch_compiled(kernel, grid, args + tail)
+            launch = _LAUNCHES[key] = _tune_forward(tensors, impl)
+        kernel, grid, other_args, LAST_CONFIG["config"] = launch
+        launch_compiled(kernel, grid, tensors + other_args)
     else:  # the interpreter: one fixed small config, TMA unless the caller or the strides rule it out
-        args += (shape_bucket(Lq), shape_bucket(Lk), IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else 0)
+        use_tma = impl != "blockptr" and tma_ok(q, k, v, o)
+        args = tensors + _shape_args(q, k, v, o, IMPL_CHOICE["tma" if use_tma else "blockptr"])
         grid = (triton.cdiv(Lq, INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
-        use_tma = args[-1] != IMPL_CHOICE["blockptr"]
         meta = {"HEAD_DIM": D, "DOT_PRECISION": dot_precision(q.dtype)}
         _attn_fwd_kernel[grid](*args, **meta, **INTERPRETER_CONFIG, USE_TMA=use_tma, WARP_SPECIALIZE=False)
     return o, lse
 
 
-def _tune_forward(args: tuple, impl: str) -> tuple:
-    """Autotune (or reuse the tuning of) a new call signature; what a direct launch needs."""
-    q, k, v, o = args[:4]
-    (B, H, Lq, D), Lk = q.shape, k.shape[2]
-    choice = IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else IMPL_CHOICE["blockptr"]
-    args += (shape_bucket(Lq), shape_bucket(Lk), choice)
+def _shape_args(q, k, v, o, choice: int) -> tuple:
+    """The kernel's integer arguments: strides, sizes, the tuning buckets and the loader choice."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    strides = (*strides4(q), *strides4(k), *strides4(v), *strides4(o))
+    return (*strides, H, Lq, Lk, shape_bucket(Lq), shape_bucket(Lk), choice)
+
+
+def _tune_forward(tensors: tuple, impl: str) -> tuple:
+    """Autotune (or reuse the tuning of) a new call signature; what a direct launch needs: the
+    compiled kernel, its grid, every argument after ``tensors`` (fixed by the signature), the config."""
+    q, k, v, o = tensors[:4]
+    B, H, Lq, D = q.shape
+    args = tensors + _shape_args(
+        q, k, v, o, IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else IMPL_CHOICE["blockptr"]
+    )
     meta = {"HEAD_DIM": D, "DOT_PRECISION": dot_precision(q.dtype)}
     kernel = _fwd_autotuned[lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,)](*args, **meta)
     config = _fwd_autotuned.best_config
     grid = (triton.cdiv(Lq, config.kwargs["BLOCK_M"]) * B * H, 1, 1)
-    tail = args[-3:] + constexpr_tail(_attn_fwd_kernel, len(args), {**meta, **config.kwargs})
-    return kernel, grid, tail, config
+    other_args = args[len(tensors) :] + constexpr_tail(_attn_fwd_kernel, len(args), {**meta, **config.kwargs})
+    return kernel, grid, other_args, config

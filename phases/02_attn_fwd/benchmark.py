@@ -148,10 +148,16 @@ def measure(
     backward: bool,
     dtype: torch.dtype = DTYPE,
     config_of: Callable[[str], dict] | None = None,
+    graphed: bool = False,
 ) -> None:
-    """Check each variant against the reference backend, then time it; one row per cell."""
+    """Check each variant against the reference backend, then time it; one row per cell.
+
+    With ``graphed`` every variant's call is captured once in a CUDA graph and timed as a replay:
+    no host work per call, so a shape whose calls are bound by the host (the small one) compares
+    the kernels themselves -- what a training step captured in a graph gets.
+    """
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
-    mode = "fwd+bwd" if backward else "fwd"
+    mode = ("fwd+bwd" if backward else "fwd") + (" graphed" if graphed else "")
     for case in cases:
         meta = {"dtype": dtype_name, "mode": mode, **case.as_row()}
         try:
@@ -163,19 +169,53 @@ def measure(
             print(f"  {case.name}: reference failed: {err}")
             continue
         for variant, fn in variants.items():
-            _measure_cell(writer, {"variant": variant, **meta}, case, fn, inputs, ref, backward, config_of)
+
+            def call(fn=fn, inputs=inputs):
+                return run_case(fn, *inputs, backward)
+
+            cell = {"variant": variant, **meta}
+            _measure_cell(
+                writer, cell, case, graph_replay(call) if graphed else call, ref, backward, config_of
+            )
         del inputs, ref
         if ON_GPU:
             torch.cuda.empty_cache()
 
 
-def _measure_cell(writer, cell, case, fn, inputs, ref, backward, config_of) -> None:
+def graph_replay(call: Callable[[], tuple]) -> Callable[[], tuple]:
+    """``call`` captured in a CUDA graph on its first use; each later use replays the graph.
+
+    The first use runs ``call`` twice on a side stream (compiling and autotuning outside the
+    capture, as CUDA graphs require), then captures it. Outputs live in the graph's memory pool
+    and are overwritten by every replay.
+    """
+    captured = []
+
+    def replay():
+        if not captured:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                call(), call()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = call()
+            captured.append((graph, outputs))
+        graph, outputs = captured[0]
+        graph.replay()
+        return outputs
+
+    return replay
+
+
+def _measure_cell(writer, cell, case, call, ref, backward, config_of) -> None:
     large = case.lq * case.lk * case.batch * case.heads > 2e10
     budget = {"warmup_ms": 1.0, "rep_ms": 1.0} if large else {"warmup_ms": 25.0, "rep_ms": 150.0}
     try:
-        run_case(fn, *inputs, backward)  # compiles and autotunes, so the peak below is one call's
+        call()  # compiles and autotunes, so the peak below is one call's
         with measure_peak_memory() as mem:
-            errors = max_errors([t.detach() for t in run_case(fn, *inputs, backward)], ref)
+            errors = max_errors([t.detach() for t in call()], ref)
         if errors["err_o"] > TOLERANCE or not all(e == e for e in errors.values()):  # NaN fails too
             raise AssertionError(f"output differs from SDPA by {errors['err_o']:.3g} > {TOLERANCE}")
         worst_grad = max(
@@ -185,7 +225,7 @@ def _measure_cell(writer, cell, case, fn, inputs, ref, backward, config_of) -> N
             raise AssertionError(
                 f"gradients differ from SDPA by {worst_grad:.3g} (relative) > {GRAD_TOLERANCE}"
             )
-        timing = bench(lambda: run_case(fn, *inputs, backward), **budget)
+        timing = bench(call, **budget)
     except Exception as err:  # a failed cell is a row, and the sweep goes on
         row = writer.write({**cell, **failure_row(err)})
         print(f"  {cell['variant']:18s} {case.name:14s} {row['status']}: {row['error'][:100]}")

@@ -32,18 +32,21 @@ def _speedups(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def goals_table(df: pd.DataFrame, goals: list[tuple[str, str, str, float]]) -> str:
-    """goals: (variant, shape, baseline, required speedup) -> one line each, met or missed by how much."""
+def goals_table(df: pd.DataFrame, goals: list[tuple]) -> str:
+    """goals: (variant, shape, baseline, required speedup[, mode]) -> one line each, met or missed
+    by how much. Without a mode, the plain call's row (not a CUDA-graph replay)."""
     lines = ["| goal | measured | verdict |", "|---|---|---|"]
-    for variant, shape, baseline, need in goals:
+    for variant, shape, baseline, need, *mode in goals:
         col = f"x_vs_{baseline.split('-')[1]}"
-        row = df.loc[(df["variant"] == variant) & (df["shape"] == shape) & (df["status"] == "ok")]
+        wanted = (df["mode"] == mode[0]) if mode else ~df["mode"].str.endswith("graphed")
+        row = df.loc[(df["variant"] == variant) & (df["shape"] == shape) & (df["status"] == "ok") & wanted]
+        goal = f"{variant} ≥ {need:.2f}× {baseline} at {shape}" + (f" ({mode[0]})" if mode else "")
         if row.empty or pd.isna(row[col].iloc[0]):
-            lines.append(f"| {variant} ≥ {need:.2f}× {baseline} at {shape} | not measured | — |")
+            lines.append(f"| {goal} | not measured | — |")
             continue
         got = float(row[col].iloc[0])
         verdict = "met" if got >= need else f"missed by {100 * (1 - got / need):.0f}%"
-        lines.append(f"| {variant} ≥ {need:.2f}× {baseline} at {shape} | {got:.2f}× | {verdict} |")
+        lines.append(f"| {goal} | {got:.2f}× | {verdict} |")
     return "\n".join(lines) + "\n"
 
 

@@ -239,15 +239,31 @@ def _grid(cfg: dict, Lq: int, Lk: int, n_bh: int, n_chunks: int) -> tuple[int, i
     return (key_blocks * n_chunks + query_programs, n_bh, 1)
 
 
-def _tune(args: tuple, meta: dict, n_chunks: int) -> tuple:
-    """Autotune (or reuse the tuning of) a new call signature; what a direct launch needs."""
-    q, k = args[0], args[1]
-    B, H, Lq, Lk = *q.shape[:3], k.shape[2]
+def _shape_args(tensors: tuple, q_chunk: int, n_chunks: int) -> tuple:
+    """The kernel's integer arguments: strides, sizes, the query chunking, the tuning buckets."""
+    q, k, v, o, do, _, dq, dk_partials = tensors[:8]
+    H, Lq, Lk = q.shape[1], q.shape[2], k.shape[2]
+    strides = (*fwd.strides4(q), *fwd.strides4(k), *fwd.strides4(v), *fwd.strides4(o), *fwd.strides4(do))
+    strides += (*fwd.strides4(dq), *dk_partials.stride())  # (chunk, b, h, l, d)
+    return (*strides, H, Lq, Lk, q_chunk, n_chunks, fwd.shape_bucket(Lq), fwd.shape_bucket(Lk))
+
+
+def _tune(tensors: tuple, q_chunk: int, n_chunks: int) -> tuple:
+    """Autotune (or reuse the tuning of) a new call signature; what a direct launch needs: the
+    compiled kernel, its grid, every argument after ``tensors`` (fixed by the signature), and
+    the compiler's report."""
+    q, k = tensors[:2]
+    (B, H, Lq, D), Lk = q.shape, k.shape[2]
+    args = tensors + _shape_args(tensors, q_chunk, n_chunks)
+    meta = {"HEAD_DIM": D, "DOT_PRECISION": fwd.dot_precision(q.dtype)}
     kernel = _fused_autotuned[lambda cfg: _grid(cfg, Lq, Lk, B * H, n_chunks)](*args, **meta)
     config = _fused_autotuned.best_config
     grid = _grid(config.kwargs, Lq, Lk, B * H, n_chunks)
     report = {"config": config, "n_regs": kernel.n_regs, "n_spills": kernel.n_spills}
-    return kernel, grid, constexpr_tail(_fused_bwd_kernel, len(args), {**meta, **config.kwargs}), report
+    other_args = args[len(tensors) :] + constexpr_tail(
+        _fused_bwd_kernel, len(args), {**meta, **config.kwargs}
+    )
+    return kernel, grid, other_args, report
 
 
 def fused_attention_backward(q, k, v, o, lse, do, scale: float):
@@ -258,21 +274,19 @@ def fused_attention_backward(q, k, v, o, lse, do, scale: float):
     n_chunks = triton.cdiv(Lq, q_chunk)
     grads, partials = bwd.key_grad_buffers(k, n_chunks)
     dq = bwd.like_q_layout(q)
-    args = (q, k, v, o, do, lse, dq, partials[:, 0], partials[:, 1], scale, scale * fwd.LOG2E)
-    args += (*fwd.strides4(q), *fwd.strides4(k), *fwd.strides4(v), *fwd.strides4(o), *fwd.strides4(do))
-    args += (*fwd.strides4(dq), *bwd.partial_strides(partials), H, Lq, Lk, q_chunk, n_chunks)
-    args += (fwd.shape_bucket(Lq), fwd.shape_bucket(Lk))
-    meta = {"HEAD_DIM": D, "DOT_PRECISION": fwd.dot_precision(q.dtype)}
+    tensors = (q, k, v, o, do, lse, dq, partials[:, 0], partials[:, 1], scale, scale * fwd.LOG2E)
     if ON_GPU:
-        key = signature_key(q, k, v, do)  # o, lse, dq and the partials are ours: fixed layouts
+        key = signature_key(q, k, v, o, do)  # lse, dq and the partials are ours: fixed layouts
         launch = _LAUNCHES.get(key)
         if launch is None:
-            launch = _LAUNCHES[key] = _tune(args, meta, n_chunks)
-        kernel, grid, tail, report = launch
+            launch = _LAUNCHES[key] = _tune(tensors, q_chunk, n_chunks)
+        kernel, grid, other_args, report = launch
         COMPILE_REPORT.update(report)
-        launch_compiled(kernel, grid, args + tail)
+        launch_compiled(kernel, grid, tensors + other_args)
     else:
         config = _interpreter_config(Lk)
+        args = tensors + _shape_args(tensors, q_chunk, n_chunks)
+        meta = {"HEAD_DIM": D, "DOT_PRECISION": fwd.dot_precision(q.dtype)}
         _fused_bwd_kernel[_grid(config, Lq, Lk, B * H, n_chunks)](*args, **meta, **config)
     bwd.reduce_key_grads(partials, grads)
     return dq, grads[0], grads[1]

@@ -8,6 +8,7 @@ GOALS = [
     ("triton-fused", "mid", "sdpa-cudnn", 1.1),
     ("triton-fused", "large", "sdpa-cudnn", 1.1),
     ("triton-fused", "small", "sdpa-cudnn", 1.5),
+    ("triton-fused", "small", "sdpa-cudnn", 1.5, "fwd+bwd graphed"),
 ]
 
 
