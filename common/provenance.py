@@ -32,9 +32,12 @@ def _static_provenance() -> dict:
     # commit through TRITONLAB_COMMIT; its dirty state is then unknown.
     commit = _git("rev-parse", "--short=12", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else "unknown"
-    stamp = REPO_ROOT / ".tritonlab_commit"  # written by a post-commit hook where one is installed
-    if not commit and stamp.exists():
-        commit = stamp.read_text().strip()
+    # Written by a post-commit hook where one is installed. A copy whose stamp names another
+    # commit than its own .git's HEAD (the lent GPU machine ships a stale .git) holds the stamp's.
+    stamp = REPO_ROOT / ".tritonlab_commit"
+    stamped = stamp.read_text().strip() if stamp.exists() else ""
+    if stamped and stamped != commit:
+        commit, dirty = stamped, "unknown"
     return {
         **describe_device(),
         "torch": torch.__version__,
