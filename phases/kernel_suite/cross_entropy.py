@@ -16,8 +16,10 @@ A persistent grid of one program per SM keeps only ~132 rows in flight; at 128 2
 row is 250 KB, so the rows being worked on (33 MB) fit in H100's 50 MB L2 and the second sweep
 reads from L2: device memory sees the logits read once and the gradient written once.
 
-The scale is 1/(number of non-ignored targets) for ``reduction="mean"``, taken on the device (no
-host sync). The upstream gradient of the loss multiplies the stored gradient in the backward; that
+The scale is 1/(number of non-ignored targets) for ``reduction="mean"``, counted on the device by
+a small kernel that also counts targets out of range. Those must raise a ``ValueError``, which
+needs the host to read that count: the one sync of the call, placed after every launch so the GPU
+never waits on the host for the main kernel. The upstream gradient of the loss multiplies the stored gradient in the backward; that
 kernel skips rows whose factor is exactly 1 (the usual ``loss.backward()``), so it costs nothing then.
 Offsets are int64: rows x vocab may exceed 2**31.
 """
@@ -82,7 +84,8 @@ def _cross_entropy_fwd_kernel(
         ignored = target == ignore_index
         # Sweep 1: online logsumexp.
         lse = _row_logsumexp(row_logits, n_cols, BLOCK_V)
-        x_target = tl.load(row_logits + target, mask=target != ignore_index, other=0.0).to(tl.float32)
+        in_range = (target >= 0) & (target < n_cols)  # else the host raises after the launch
+        x_target = tl.load(row_logits + target, mask=in_range & ~ignored, other=0.0).to(tl.float32)
         tl.store(LOSS + row, tl.where(ignored, 0.0, lse - x_target))
         if COMPUTE_GRAD:
             scale = tl.where(ignored, 0.0, inv_n)
@@ -98,6 +101,21 @@ def _cross_entropy_fwd_kernel(
                 tl.store(
                     row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first"
                 )
+
+
+@triton.jit
+def _target_stats_kernel(TARGET, STATS, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr):
+    """STATS = (targets that are not ignored, targets out of [0, n_cols) that are not ignored)."""
+    n_valid = tl.zeros([BLOCK], dtype=tl.int32)
+    n_bad = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, n_rows, BLOCK):
+        rows = start + tl.arange(0, BLOCK)
+        target = tl.load(TARGET + rows, mask=rows < n_rows, other=ignore_index)
+        counted = target != ignore_index
+        n_valid += counted.to(tl.int32)
+        n_bad += (counted & ((target < 0) | (target >= n_cols))).to(tl.int32)
+    tl.store(STATS, tl.sum(n_valid, axis=0))
+    tl.store(STATS + 1, tl.sum(n_bad, axis=0))
 
 
 @triton.jit
@@ -134,13 +152,14 @@ class CrossEntropyFunction(torch.autograd.Function):
         else:
             grad = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
-        n_valid = (target != ignore_index).sum()
+        stats = torch.empty(2, dtype=torch.int32, device=logits.device)  # (not ignored, out of range)
+        _target_stats_kernel[(1,)](target, stats, n_rows, n_cols, ignore_index, BLOCK=1024)
         _cross_entropy_fwd_kernel[(persistent_programs(n_rows, PROGRAMS_PER_SM),)](
             rows,
             target,
             loss_rows,
             grad,
-            n_valid,
+            stats,
             n_rows,
             n_cols,
             rows.stride(0),
@@ -151,10 +170,15 @@ class CrossEntropyFunction(torch.autograd.Function):
             BLOCK_V=BLOCK_V,
             num_warps=NUM_WARPS,
         )
+        # The range check waits for the GPU, so it comes after the launches: the host queued all the
+        # work first, and the kernel never reads out of bounds (the target's logit is read under a
+        # mask, the gradient only compares columns with the target).
+        if stats[1].item():
+            _raise_out_of_range(target, ignore_index, n_cols)
         ctx.grad = grad.view(shape) if compute_grad else None
         ctx.reduction = reduction
         if reduction == "mean":
-            return loss_rows.sum() / n_valid
+            return loss_rows.sum() / stats[0]
         if reduction == "sum":
             return loss_rows.sum()
         return loss_rows.view(shape[:-1])
@@ -201,13 +225,13 @@ def _check(logits, target, ignore_index, reduction):
         raise ValueError(f"target: on {target.device}, but logits are on {logits.device}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
-    vocab = logits.shape[-1]
+
+
+def _raise_out_of_range(target, ignore_index, vocab):
     bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
-    if bool(bad.any()):  # one small reduction and a sync: an out-of-range target would read out of bounds
-        value = int(target[bad][0])
-        raise ValueError(
-            f"target: value {value} is outside [0, {vocab}) and is not ignore_index={ignore_index}"
-        )
+    raise ValueError(
+        f"target: value {int(target[bad][0])} is outside [0, {vocab}) and is not ignore_index={ignore_index}"
+    )
 
 
 def cross_entropy(

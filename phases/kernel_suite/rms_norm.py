@@ -19,6 +19,9 @@ import common  # noqa: F401  -- decides interpreter mode before any @triton.jit
 from .checks import as_rows, check_float, check_row_width, persistent_programs, row_block_settings
 
 BWD_WARPS_PER_SM = 32
+# Pipeline depth of the backward's row loop: with 2 the next rows' loads are issued while this
+# block's reductions run (set by ``python -m phases.kernel_suite.tune``).
+BWD_STAGES = 2
 
 
 @triton.jit
@@ -54,13 +57,14 @@ def _rms_norm_bwd_kernel(
     stride_dx,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+    for block in tl.range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=NUM_STAGES):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_rows
         mask = row_ok[:, None] & col_ok[None, :]
@@ -159,6 +163,7 @@ class RMSNormFunction(torch.autograd.Function):
             dx.stride(0),
             BLOCK_M=block_m,
             BLOCK_N=block_n,
+            NUM_STAGES=BWD_STAGES,
             num_warps=num_warps,
         )
         dw = torch.empty_like(weight)
