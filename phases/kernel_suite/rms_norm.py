@@ -19,9 +19,11 @@ import common  # noqa: F401  -- decides interpreter mode before any @triton.jit
 from .checks import as_rows, check_float, check_row_width, persistent_programs, row_block_settings
 
 BWD_WARPS_PER_SM = 32
-# Pipeline depth of the backward's row loop: with 2 the next rows' loads are issued while this
-# block's reductions run (set by ``python -m phases.kernel_suite.tune``).
-BWD_STAGES = 2
+# Pipeline depth of the backward's row loop: the next rows' x and dy are loaded (through shared
+# memory) while this block's reductions run. 3 measured fastest (``python -m phases.kernel_suite.tune``);
+# rows too wide for the extra copies to fit in shared memory run unpipelined.
+BWD_STAGES = 3
+PIPELINE_SMEM_BYTES = 64 * 1024  # at most this much shared memory for the prefetched x and dy tiles
 
 
 @triton.jit
@@ -112,6 +114,11 @@ def _check(x, weight, eps):
         raise ValueError(f"eps: must be positive, got {eps}")
 
 
+def _bwd_stages(tile_bytes: int) -> int:
+    """BWD_STAGES where the prefetched x and dy tiles (two per extra stage) fit the budget, else 1."""
+    return BWD_STAGES if 2 * (BWD_STAGES - 1) * tile_bytes <= PIPELINE_SMEM_BYTES else 1
+
+
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
@@ -163,7 +170,7 @@ class RMSNormFunction(torch.autograd.Function):
             dx.stride(0),
             BLOCK_M=block_m,
             BLOCK_N=block_n,
-            NUM_STAGES=BWD_STAGES,
+            NUM_STAGES=_bwd_stages(block_m * block_n * x2.element_size()),
             num_warps=num_warps,
         )
         dw = torch.empty_like(weight)

@@ -83,7 +83,7 @@ def main() -> None:
     best = tune_cross_entropy()
     print(f"fastest cross-entropy setting (BLOCK_V, warps, programs/SM): {best}")
     tune_rms_norm_backward(((65536, 8192),))
-    rms_module.BWD_WARPS_PER_SM, rms_module.BWD_STAGES = 32, 2
+    rms_module.BWD_WARPS_PER_SM, rms_module.BWD_STAGES = 32, 3
     if args.bench:
         ce_module.BLOCK_V, ce_module.NUM_WARPS, ce_module.PROGRAMS_PER_SM = best
         importlib.import_module("phases.kernel_suite.__main__").main(
