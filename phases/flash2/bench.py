@@ -342,13 +342,18 @@ def goal_bench(writer: ResultWriter, budget: Budget) -> None:
 # ----------------------------------------------------------------------------------------------
 
 TUNE_CANDIDATES = {
+    # Forward: phase 02's best two d = 64 tiles with TMA loads, the block-pointer kernel's old picks,
+    # and neighbours; 64 x 64 and 128 x 64 at 8 warps are the d = 128 contenders. Tiles that do not
+    # fit the shared memory at a head dim fail and are written as failed rows.
     "fwd": [
-        TileConfig(128, 64, 4, 3),
+        TileConfig(128, 128, 4, 3),
         TileConfig(128, 64, 8, 3),
+        TileConfig(128, 64, 4, 3),
+        TileConfig(128, 128, 4, 2),
         TileConfig(128, 128, 8, 3),
-        TileConfig(128, 32, 4, 4),
         TileConfig(64, 64, 4, 3),
-        TileConfig(128, 64, 4, 4),
+        TileConfig(64, 64, 4, 2),
+        TileConfig(128, 64, 8, 2),
         TileConfig(128, 128, 8, 2),
     ],
     "dq": [

@@ -1,18 +1,23 @@
 """FlashAttention-2 in Triton: a forward kernel and a two-kernel backward, causal or not.
 
-Forward: one program per (query tile, batch) -- the (T_q, B) grid. It keeps its Q tile, the
-running max m, the running sum l and the output accumulator on chip in fp32, streams K and V tiles
-through, and writes O and L = m + log(l) once. Backward: dK and dV are finished by one program per
-key tile that streams the query tiles past it; dQ by one program per query tile that streams the
-key tiles past it. Each kernel owns what it writes, so there are no atomics, at the price of
-recomputing the scores and dP twice (seven matmuls instead of five).
+Forward: one program per (query tile, batch). It keeps its Q tile, the running max m, the running
+sum l and the output accumulator on chip in fp32, streams K and V tiles through, and writes O and
+L = m + log(l) once. Backward: dK and dV are finished by one program per key tile that streams the
+query tiles past it; dQ by one program per query tile that streams the key tiles past it. Each
+kernel owns what it writes, so there are no atomics, at the price of recomputing the scores and dP
+twice (seven matmuls instead of five).
 
-Three tricks carry most of the speed:
-- the softmax runs in base 2 (``exp2``), with 1/sqrt(d) and log2(e) folded into one multiply;
+What carries the forward's speed:
+- the softmax runs in base 2 (``exp2``), with 1/sqrt(d) and log2(e) folded into one factor; the row
+  max is taken on the raw scores, so each score costs a single fused multiply-add (scale, subtract
+  the max) before its exp2, and P·V accumulates inside the dot;
 - causal: tiles entirely above the diagonal are never visited, and the tiles entirely below it run
   a loop with no mask at all -- only the few tiles on the diagonal (or at a ragged end) pay for
   ``tl.where``;
-- heavy causal programs are launched first so the last wave is made of short ones.
+- causal programs run heaviest first across the whole grid -- the last query tile of every batch,
+  then the one before -- so the last wave is made of short programs;
+- tiles move through Hopper's TMA copy engine (tensor descriptors), which also does the bounds
+  checks, whenever the strides allow it; other strides fall back to block pointers.
 """
 
 import math
@@ -30,6 +35,7 @@ from .reference import check_inputs
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = math.log2(math.e)
+LOADERS = ("auto", "tma", "blockptr")
 
 
 @dataclass(frozen=True)
@@ -40,15 +46,19 @@ class TileConfig:
     num_stages: int
 
 
-# Tile choices per kernel, from `python -m phases.flash2 flash-bench --tune` on an H100
-# (the measurements and the reasons are in README.md). The interpreter gets small tiles: it runs
-# every program in Python, so fewer, smaller blocks are what keeps the CPU tests quick.
+# Tile choices per kernel (the measurements and the reasons are in README.md). The interpreter gets
+# small tiles: it runs every program in Python, so fewer, smaller blocks are what keeps the CPU
+# tests quick.
 INTERPRETER_CONFIGS = {kernel: TileConfig(16, 16, 4, 1) for kernel in ("fwd", "dq", "dkdv")}
 GPU_CONFIGS = {
-    # (kernel, 16-bit inputs?, head dim <= 64?) -> tiles, tuned at (16, 16384, 64) and (8, 8192, 128),
-    # causal bf16 (reports/flash2.md, "Tile tuning"). d <= 32 reuses the d = 64 choice untuned.
-    ("fwd", True, True): TileConfig(128, 64, 4, 3),
+    # (kernel, 16-bit inputs?, head dim <= 64?) -> tiles. d <= 32 reuses the d = 64 choice untuned.
+    # Forward, d <= 64: phase 02's best tile with TMA loads (non-causal); d = 128: the best of the
+    # block-pointer kernel's tuning here. The causal forward with TMA is not yet measured on them:
+    # scratch/flash2_fwd_probe.py times the candidates (bench.TUNE_CANDIDATES["fwd"]).
+    ("fwd", True, True): TileConfig(128, 128, 4, 3),
     ("fwd", True, False): TileConfig(64, 64, 4, 3),
+    # Backward: `python -m phases.flash2 flash-bench --tune` on an H100 at (16, 16384, 64) and
+    # (8, 8192, 128), causal bf16 (reports/flash2.md, "Tile tuning").
     ("dq", True, True): TileConfig(128, 64, 4, 3),
     ("dq", True, False): TileConfig(64, 64, 4, 3),
     ("dkdv", True, True): TileConfig(32, 64, 4, 4),
@@ -74,14 +84,32 @@ def tile_config(kernel: str, dtype: torch.dtype, head_dim: int) -> TileConfig:
 # ----------------------------------------------------------------------------------------------
 
 
+def _tma_allocator(size: int, alignment: int, stream):
+    # Tensor descriptors built inside a kernel live in a scratch buffer that Triton asks for here.
+    return torch.empty(size, dtype=torch.int8, device="cuda" if ON_GPU else "cpu")
+
+
+triton.set_allocator(_tma_allocator)
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Tensor descriptors need unit stride along D and 16-byte aligned bases and row/batch strides."""
+    return all(
+        t.stride(2) == 1
+        and t.data_ptr() % 16 == 0
+        and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:2])
+        for t in tensors
+    )
+
+
 @triton.jit
 def _fwd_key_loop(
     acc,
     m_i,
     l_i,
     q,
-    kT_ptr,
-    v_ptr,
+    k_src,
+    v_src,
     start_n,
     end_n,
     offs_m,
@@ -90,35 +118,44 @@ def _fwd_key_loop(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Fold key tiles [start_n, end_n) into the running (acc, m, l) of one query tile.
 
-    Unmasked tiles lie inside the keys and below the diagonal: no bounds check and no tl.where.
+    ``k_src`` and ``v_src`` are tensor descriptors of K and V (USE_TMA) or block pointers to K^T
+    and V at key 0. Unmasked tiles lie inside the keys and below the diagonal: no bounds check and
+    no tl.where. m is kept in base-2 units (scores times qk_scale), l and acc are unnormalised.
     """
-    kT_ptr = tl.advance(kT_ptr, (0, start_n))
-    v_ptr = tl.advance(v_ptr, (start_n, 0))
+    if not USE_TMA:
+        k_src = tl.advance(k_src, (0, start_n))
+        v_src = tl.advance(v_src, (start_n, 0))
     for start in range(start_n, end_n, BLOCK_N):
-        if MASKED:
-            kT = tl.load(kT_ptr, boundary_check=(1,), padding_option="zero")
-            v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
+        if USE_TMA:  # the copy engine reads rows past n_keys as zeros: no bounds check to write
+            kT = tl.trans(k_src.load([start, 0]))
+            v = v_src.load([start, 0])
+        elif MASKED:
+            kT = tl.load(k_src, boundary_check=(1,), padding_option="zero")
+            v = tl.load(v_src, boundary_check=(0,), padding_option="zero")
         else:
-            kT = tl.load(kT_ptr)
-            v = tl.load(v_ptr)
-        s = tl.dot(q, kT) * qk_scale  # scores in base-2 units: log2(e) / sqrt(d) already folded in
+            kT = tl.load(k_src)
+            v = tl.load(v_src)
+        s = tl.dot(q, kT)  # raw scores: the scale goes into the exponent's multiply-add below
         if MASKED:
             offs_n = start + tl.arange(0, BLOCK_N)
             keep = offs_n[None, :] < n_keys
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
             s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+        # qk_scale > 0, so the max of the raw scores, scaled once per row, is the max of the scaled.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)  # rescales what earlier tiles accumulated
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
-        kT_ptr = tl.advance(kT_ptr, (0, BLOCK_N))
-        v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+        if not USE_TMA:
+            k_src = tl.advance(k_src, (0, BLOCK_N))
+            v_src = tl.advance(v_src, (BLOCK_N, 0))
     return acc, m_i, l_i
 
 
@@ -149,30 +186,52 @@ def _fwd_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     EVEN_M: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
-    num_m = tl.num_programs(0)
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # the last query tiles see the most keys: start them first
-        pid_m = num_m - 1 - pid_m
-    b = tl.program_id(1).to(tl.int64)
+    # A 1-D grid of num_m query tiles x batch. Programs start roughly in index order, so causal
+    # runs the last query tile of every batch (the most keys) first, then the one before, and the
+    # last wave holds the short programs; non-causal keeps a batch's tiles together (K, V in L2).
+    num_m = tl.cdiv(n_queries, BLOCK_M)
+    pid = tl.program_id(0)
+    if CAUSAL:
+        batch = tl.num_programs(0) // num_m
+        b = pid % batch
+        pid_m = num_m - 1 - pid // batch
+    else:
+        b = pid // num_m
+        pid_m = pid % num_m
+    b = b.to(tl.int64)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
 
-    q_ptr = tl.make_block_ptr(
-        Q + b * stride_qb,
-        (n_queries, HEAD_DIM),
-        (stride_qm, stride_qd),
-        (start_m, 0),
-        (BLOCK_M, HEAD_DIM),
-        (1, 0),
-    )
-    kT_ptr = tl.make_block_ptr(
-        K + b * stride_kb, (HEAD_DIM, n_keys), (stride_kd, stride_kn), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
-    )
-    v_ptr = tl.make_block_ptr(
-        V + b * stride_vb, (n_keys, HEAD_DIM), (stride_vn, stride_vd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0)
-    )
-    q = tl.load(q_ptr) if EVEN_M else tl.load(q_ptr, boundary_check=(0,), padding_option="zero")
+    if USE_TMA:
+        q_desc = tl.make_tensor_descriptor(
+            Q + b * stride_qb, [n_queries, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM]
+        )
+        k_src = tl.make_tensor_descriptor(
+            K + b * stride_kb, [n_keys, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM]
+        )
+        v_src = tl.make_tensor_descriptor(
+            V + b * stride_vb, [n_keys, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM]
+        )
+        q = q_desc.load([start_m, 0])
+    else:
+        q_ptr = tl.make_block_ptr(
+            Q + b * stride_qb,
+            (n_queries, HEAD_DIM),
+            (stride_qm, stride_qd),
+            (start_m, 0),
+            (BLOCK_M, HEAD_DIM),
+            (1, 0),
+        )
+        # K is read transposed, (D, Nk), so the score tile is a plain Q @ K^T dot.
+        k_src = tl.make_block_ptr(
+            K + b * stride_kb, (HEAD_DIM, n_keys), (stride_kd, stride_kn), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
+        )
+        v_src = tl.make_block_ptr(
+            V + b * stride_vb, (n_keys, HEAD_DIM), (stride_vn, stride_vd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0)
+        )
+        q = tl.load(q_ptr) if EVEN_M else tl.load(q_ptr, boundary_check=(0,), padding_option="zero")
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -185,27 +244,49 @@ def _fwd_kernel(
         end_n = n_keys
         full_n = n_keys // BLOCK_N * BLOCK_N
     acc, m_i, l_i = _fwd_key_loop(
-        acc, m_i, l_i, q, kT_ptr, v_ptr, 0, full_n, offs_m, qk_scale, n_keys, BLOCK_N, False, CAUSAL
+        acc, m_i, l_i, q, k_src, v_src, 0, full_n, offs_m, qk_scale, n_keys, BLOCK_N, False, CAUSAL, USE_TMA
     )
     acc, m_i, l_i = _fwd_key_loop(
-        acc, m_i, l_i, q, kT_ptr, v_ptr, full_n, end_n, offs_m, qk_scale, n_keys, BLOCK_N, True, CAUSAL
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_src,
+        v_src,
+        full_n,
+        end_n,
+        offs_m,
+        qk_scale,
+        n_keys,
+        BLOCK_N,
+        True,
+        CAUSAL,
+        USE_TMA,
     )
 
-    o_ptr = tl.make_block_ptr(
-        O + b * stride_ob,
-        (n_queries, HEAD_DIM),
-        (stride_om, stride_od),
-        (start_m, 0),
-        (BLOCK_M, HEAD_DIM),
-        (1, 0),
-    )
     o = (acc / l_i[:, None]).to(O.dtype.element_ty)
-    lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634  # back to natural log
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # times ln 2: back to natural log
+    if USE_TMA:  # the copy engine drops rows past n_queries
+        o_desc = tl.make_tensor_descriptor(
+            O + b * stride_ob, [n_queries, HEAD_DIM], [stride_om, 1], [BLOCK_M, HEAD_DIM]
+        )
+        o_desc.store([start_m, 0], o)
+    else:
+        o_ptr = tl.make_block_ptr(
+            O + b * stride_ob,
+            (n_queries, HEAD_DIM),
+            (stride_om, stride_od),
+            (start_m, 0),
+            (BLOCK_M, HEAD_DIM),
+            (1, 0),
+        )
+        if EVEN_M:
+            tl.store(o_ptr, o)
+        else:
+            tl.store(o_ptr, o, boundary_check=(0,))
     if EVEN_M:
-        tl.store(o_ptr, o)
         tl.store(L + b * n_queries + offs_m, lse)
     else:
-        tl.store(o_ptr, o, boundary_check=(0,))
         tl.store(L + b * n_queries + offs_m, lse, mask=offs_m < n_queries)
 
 
@@ -606,15 +687,22 @@ def _check_triton_inputs(q, k, v) -> None:
     check_inputs(q, k, v, dtypes=TRITON_DTYPES, head_dims=HEAD_DIMS, device_type="cuda" if ON_GPU else "cpu")
 
 
-def flash_forward(q, k, v, is_causal: bool, config: TileConfig | None = None):
-    """O (like q) and L (B, Nq) in fp32. ``config`` overrides the tile table (used by the tuner)."""
+def flash_forward(q, k, v, is_causal: bool, config: TileConfig | None = None, loader: str = "auto"):
+    """O (like q) and L (B, Nq) in fp32. ``config`` overrides the tile table (used by the tuner);
+    ``loader`` picks the loads: "tma" (tensor descriptors), "blockptr", or "auto" -- TMA whenever
+    the strides allow it."""
+    if loader not in LOADERS:
+        raise ValueError(f"loader: unknown {loader!r}; expected one of {LOADERS}")
     batch, n_q, head_dim = q.shape
     n_k = k.shape[1]
     cfg = config or tile_config("fwd", q.dtype, head_dim)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, n_q, dtype=torch.float32, device=q.device)
+    use_tma = loader != "blockptr" and tma_ok(q, k, v, o)
+    if loader == "tma" and not use_tma:
+        raise ValueError("loader: 'tma' needs unit stride along D and 16-byte aligned rows in q, k and v")
     sm_scale = 1.0 / math.sqrt(head_dim)
-    grid = (triton.cdiv(n_q, cfg.block_m), batch)
+    grid = (triton.cdiv(n_q, cfg.block_m) * batch,)
     _fwd_kernel[grid](
         q,
         k,
@@ -633,6 +721,7 @@ def flash_forward(q, k, v, is_causal: bool, config: TileConfig | None = None):
         BLOCK_N=cfg.block_n,
         CAUSAL=is_causal,
         EVEN_M=n_q % cfg.block_m == 0,
+        USE_TMA=use_tma,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -84,11 +84,13 @@ def _cross_entropy_fwd_kernel(
         ignored = target == ignore_index
         # Sweep 1: online logsumexp.
         lse = _row_logsumexp(row_logits, n_cols, BLOCK_V)
-        in_range = (target >= 0) & (target < n_cols)  # else the host raises after the launch
-        x_target = tl.load(row_logits + target, mask=in_range & ~ignored, other=0.0).to(tl.float32)
+        # A target out of range is never read; its row's loss and gradient become NaN, and the
+        # host raises unless the caller turned the check off.
+        bad = ~ignored & ((target < 0) | (target >= n_cols))
+        x_target = tl.load(row_logits + target, mask=~ignored & ~bad, other=float("nan")).to(tl.float32)
         tl.store(LOSS + row, tl.where(ignored, 0.0, lse - x_target))
         if COMPUTE_GRAD:
-            scale = tl.where(ignored, 0.0, inv_n)
+            scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), inv_n))
             row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
             # Sweep 2: the row is still in L2; write the gradient once.
             for start in range(0, n_cols, BLOCK_V):
@@ -137,7 +139,7 @@ REDUCTIONS = ("mean", "sum", "none")
 
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, reduction, inplace):
+    def forward(ctx, logits, target, ignore_index, reduction, inplace, check_targets):
         shape = logits.shape
         rows = as_rows(logits)
         n_rows, n_cols = rows.shape
@@ -173,7 +175,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         # The range check waits for the GPU, so it comes after the launches: the host queued all the
         # work first, and the kernel never reads out of bounds (the target's logit is read under a
         # mask, the gradient only compares columns with the target).
-        if stats[1].item():
+        if check_targets and stats[1].item():
             _raise_out_of_range(target, ignore_index, n_cols)
         ctx.grad = grad.view(shape) if compute_grad else None
         ctx.reduction = reduction
@@ -203,7 +205,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             BLOCK=4096 if common.ON_GPU else 512,
             num_warps=8,
         )
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def _check(logits, target, ignore_index, reduction):
@@ -240,15 +242,20 @@ def cross_entropy(
     ignore_index: int = -100,
     reduction: str = "mean",
     inplace: bool = False,
+    check_targets: bool = True,
 ) -> torch.Tensor:
     """Cross-entropy of ``logits`` (..., V) against ``target`` (...), like ``F.cross_entropy``.
 
     The loss is fp32. With ``inplace=True`` the gradient is written over the logits (saving their
     size in memory); the caller's logits are then gone, so use it only when nothing else needs them.
     A second backward through the same graph (``retain_graph=True``) is refused.
+
+    A target outside [0, V) that is not ``ignore_index`` raises ``ValueError``. Finding out waits
+    for the GPU (one sync per call, after all the work is queued); ``check_targets=False`` skips
+    it for callers that validate targets upstream: such a row's loss and gradient are then NaN.
     """
     _check(logits, target, ignore_index, reduction)
-    return CrossEntropyFunction.apply(logits, target, ignore_index, reduction, inplace)
+    return CrossEntropyFunction.apply(logits, target, ignore_index, reduction, inplace, check_targets)
 
 
 class CrossEntropyLoss(torch.nn.Module):

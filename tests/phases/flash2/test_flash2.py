@@ -165,6 +165,55 @@ def test_triton_interpreter_unequal_tiles(block_m, block_n, poisoned, monkeypatc
     check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, False, TOL[torch.float32], lse_of)
 
 
+# Forward only, both loaders: causal and not, odd lengths, Nq != Nk both ways, unequal tiles. Batch 3:
+# the causal grid runs batch-fastest, so a batch that does not divide the tile count is the test.
+FORWARD_LENGTHS = [(1, 1), (17, 17), (100, 100), (257, 257), (17, 100), (100, 17), (1, 257), (257, 1)]
+
+
+@pytest.mark.skipif(common.ON_GPU, reason="interpreter test")
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (16, 32), (32, 16)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("loader", ["tma", "blockptr"])
+def test_triton_interpreter_forward_loaders(loader, causal, block_m, block_n, poisoned, monkeypatch):
+    monkeypatch.setitem(flash_triton.INTERPRETER_CONFIGS, "fwd", flash2.TileConfig(block_m, block_n, 4, 1))
+    for n_q, n_k in FORWARD_LENGTHS:
+        q, k, v, _ = make_inputs(3, n_q, n_k, 16, torch.float32, seed=n_q + 3 * n_k)
+        o, lse = flash2.flash_forward(q, k, v, causal, loader=loader)
+        o_ref, lse_ref = flash2.reference_attention(q.double(), k.double(), v.double(), causal)
+        assert_close(f"O {n_q}x{n_k}", o, o_ref, TOL[torch.float32])
+        assert_close(f"L {n_q}x{n_k}", lse, lse_ref, TOL[torch.float32])
+
+
+def column_major_d(batch, n, head_dim, dtype=torch.float32):
+    """(B, N, D) with stride N along D (the transpose of a (B, D, N) buffer): no TMA possible."""
+    return torch.randn(batch, head_dim, n, dtype=dtype, device=common.DEVICE.type).transpose(1, 2)
+
+
+def test_tma_ok_needs_unit_d_stride_and_16_byte_alignment():
+    contiguous = torch.randn(2, 17, 16)
+    assert flash_triton.tma_ok(contiguous)
+    assert not flash_triton.tma_ok(column_major_d(2, 17, 16))
+    assert not flash_triton.tma_ok(torch.randn(2, 17, 17)[..., :16])  # rows of 68 bytes
+    assert not flash_triton.tma_ok(torch.randn(2 * 17 * 16 + 1)[1:].view(2, 17, 16))  # base off by 4 bytes
+    assert flash_triton.tma_ok(torch.randn(1, 17, 3, 16).unbind(2)[1])  # fused QKV: rows of 192 bytes
+
+
+@pytest.mark.skipif(common.ON_GPU, reason="interpreter test")
+def test_triton_interpreter_falls_back_to_block_pointers(poisoned):
+    """D not contiguous: "auto" takes block pointers (forward and backward correct), "tma" refuses."""
+    q, k, v = column_major_d(2, 100, 16), column_major_d(2, 37, 16), column_major_d(2, 37, 16)
+    with pytest.raises(ValueError, match="loader: 'tma' needs unit stride"):
+        flash2.flash_forward(q, k, v, True, loader="tma")
+    grad_out = torch.randn(2, 100, 16)
+    check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, True, TOL[torch.float32], lse_of)
+
+
+def test_flash_forward_rejects_unknown_loader():
+    q, k, v, _ = make_inputs(1, 9, 9, 16, torch.float32, device=common.DEVICE.type)
+    with pytest.raises(ValueError, match="loader: unknown"):
+        flash2.flash_forward(q, k, v, True, loader="cp.async")
+
+
 GPU_CASES = [
     (1, 1, True),
     (17, 17, True),
@@ -182,6 +231,26 @@ GPU_CASES = [
 def test_triton_gpu_bf16(n_q, n_k, causal, head_dim, poisoned):
     q, k, v, grad_out = make_inputs(2, n_q, n_k, head_dim, torch.bfloat16, device="cuda", seed=n_q + n_k)
     check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, causal, TOL[torch.bfloat16], lse_of)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_q,n_k", [(4096, 4096), (4097, 4096), (257, 1000), (1000, 257)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("loader", ["tma", "blockptr"])
+def test_triton_gpu_forward_loaders(loader, head_dim, n_q, n_k, poisoned):
+    """The causal bf16 forward through each loader, with the table's tiles (TMA is the default)."""
+    q, k, v, _ = make_inputs(3, n_q, n_k, head_dim, torch.bfloat16, device="cuda", seed=n_q)
+    o, lse = flash2.flash_forward(q, k, v, True, loader=loader)
+    o_ref, lse_ref = flash2.reference_attention(q.double(), k.double(), v.double(), True)
+    assert_close("O", o, o_ref, TOL[torch.bfloat16])
+    assert_close("L", lse, lse_ref, TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_triton_gpu_block_pointer_fallback(poisoned):
+    q, k, v = (column_major_d(2, 1000, 64, torch.bfloat16) for _ in range(3))
+    grad_out = torch.randn(2, 1000, 64, dtype=torch.bfloat16, device="cuda")
+    check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, True, TOL[torch.bfloat16], lse_of)
 
 
 @pytest.mark.gpu

@@ -313,3 +313,14 @@ def test_fp8_bad_input():
         dequantize_fp8(q, scales, "row")
     with pytest.raises(ValueError, match="dtype"):
         dequantize_fp8(x, scales, "block", block=32)
+
+
+def test_cross_entropy_unchecked_targets_turn_their_rows_to_nan():
+    # check_targets=False skips the sync, not the safety: the bad row is never read, and its
+    # loss and gradient row are NaN; the other rows keep their exact values.
+    logits = leaf(torch.randn(3, 10))
+    loss = cross_entropy(logits, torch.tensor([1, 10, 2]), reduction="none", check_targets=False)
+    (grad,) = torch.autograd.grad(loss.sum(), logits)
+    ref = F.cross_entropy(logits.detach(), torch.tensor([1, 0, 2]), reduction="none")
+    assert torch.isnan(loss[1]) and torch.isnan(grad[1]).all()
+    assert torch.allclose(loss[[0, 2]], ref[[0, 2]], atol=1e-5) and not torch.isnan(grad[[0, 2]]).any()
