@@ -108,8 +108,8 @@ def _fwd_key_loop(
     m_i,
     l_i,
     q,
-    k_src,
-    v_src,
+    k_in,
+    v_in,
     start_n,
     end_n,
     offs_m,
@@ -122,23 +122,23 @@ def _fwd_key_loop(
 ):
     """Fold key tiles [start_n, end_n) into the running (acc, m, l) of one query tile.
 
-    ``k_src`` and ``v_src`` are tensor descriptors of K and V (USE_TMA) or block pointers to K^T
+    ``k_in`` and ``v_in`` are tensor descriptors of K and V (USE_TMA) or block pointers to K^T
     and V at key 0. Unmasked tiles lie inside the keys and below the diagonal: no bounds check and
     no tl.where. m is kept in base-2 units (scores times qk_scale), l and acc are unnormalised.
     """
     if not USE_TMA:
-        k_src = tl.advance(k_src, (0, start_n))
-        v_src = tl.advance(v_src, (start_n, 0))
+        k_in = tl.advance(k_in, (0, start_n))
+        v_in = tl.advance(v_in, (start_n, 0))
     for start in range(start_n, end_n, BLOCK_N):
         if USE_TMA:  # the copy engine reads rows past n_keys as zeros: no bounds check to write
-            kT = tl.trans(k_src.load([start, 0]))
-            v = v_src.load([start, 0])
+            kT = tl.trans(k_in.load([start, 0]))
+            v = v_in.load([start, 0])
         elif MASKED:
-            kT = tl.load(k_src, boundary_check=(1,), padding_option="zero")
-            v = tl.load(v_src, boundary_check=(0,), padding_option="zero")
+            kT = tl.load(k_in, boundary_check=(1,), padding_option="zero")
+            v = tl.load(v_in, boundary_check=(0,), padding_option="zero")
         else:
-            kT = tl.load(k_src)
-            v = tl.load(v_src)
+            kT = tl.load(k_in)
+            v = tl.load(v_in)
         s = tl.dot(q, kT)  # raw scores: the scale goes into the exponent's multiply-add below
         if MASKED:
             offs_n = start + tl.arange(0, BLOCK_N)
@@ -154,8 +154,8 @@ def _fwd_key_loop(
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
         if not USE_TMA:
-            k_src = tl.advance(k_src, (0, BLOCK_N))
-            v_src = tl.advance(v_src, (BLOCK_N, 0))
+            k_in = tl.advance(k_in, (0, BLOCK_N))
+            v_in = tl.advance(v_in, (BLOCK_N, 0))
     return acc, m_i, l_i
 
 
@@ -208,10 +208,10 @@ def _fwd_kernel(
         q_desc = tl.make_tensor_descriptor(
             Q + b * stride_qb, [n_queries, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM]
         )
-        k_src = tl.make_tensor_descriptor(
+        k_in = tl.make_tensor_descriptor(
             K + b * stride_kb, [n_keys, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM]
         )
-        v_src = tl.make_tensor_descriptor(
+        v_in = tl.make_tensor_descriptor(
             V + b * stride_vb, [n_keys, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM]
         )
         q = q_desc.load([start_m, 0])
@@ -225,10 +225,10 @@ def _fwd_kernel(
             (1, 0),
         )
         # K is read transposed, (D, Nk), so the score tile is a plain Q @ K^T dot.
-        k_src = tl.make_block_ptr(
+        k_in = tl.make_block_ptr(
             K + b * stride_kb, (HEAD_DIM, n_keys), (stride_kd, stride_kn), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
         )
-        v_src = tl.make_block_ptr(
+        v_in = tl.make_block_ptr(
             V + b * stride_vb, (n_keys, HEAD_DIM), (stride_vn, stride_vd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0)
         )
         q = tl.load(q_ptr) if EVEN_M else tl.load(q_ptr, boundary_check=(0,), padding_option="zero")
@@ -244,24 +244,10 @@ def _fwd_kernel(
         end_n = n_keys
         full_n = n_keys // BLOCK_N * BLOCK_N
     acc, m_i, l_i = _fwd_key_loop(
-        acc, m_i, l_i, q, k_src, v_src, 0, full_n, offs_m, qk_scale, n_keys, BLOCK_N, False, CAUSAL, USE_TMA
+        acc, m_i, l_i, q, k_in, v_in, 0, full_n, offs_m, qk_scale, n_keys, BLOCK_N, False, CAUSAL, USE_TMA
     )
     acc, m_i, l_i = _fwd_key_loop(
-        acc,
-        m_i,
-        l_i,
-        q,
-        k_src,
-        v_src,
-        full_n,
-        end_n,
-        offs_m,
-        qk_scale,
-        n_keys,
-        BLOCK_N,
-        True,
-        CAUSAL,
-        USE_TMA,
+        acc, m_i, l_i, q, k_in, v_in, full_n, end_n, offs_m, qk_scale, n_keys, BLOCK_N, True, CAUSAL, USE_TMA
     )
 
     o = (acc / l_i[:, None]).to(O.dtype.element_ty)
