@@ -11,6 +11,8 @@ from .kernel import (
     gemm_silu_mlp,
     mlp_hidden,
     mlp_hidden_kernel,
+    pad_hidden,
+    padded_cublas_mlp,
 )
 
 __all__ = [
@@ -22,4 +24,6 @@ __all__ = [
     "gemm_silu_mlp",
     "mlp_hidden",
     "mlp_hidden_kernel",
+    "pad_hidden",
+    "padded_cublas_mlp",
 ]

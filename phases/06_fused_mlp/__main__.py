@@ -8,7 +8,10 @@ bf16) it measures, side by side in one run:
 - compile: the same under ``torch.compile``,
 - fused: one Triton kernel forward (GEMM + SiLU + GEMM), the pre-activation a saved for backward,
 - fused-recompute: the same forward saving nothing; the backward recomputes a,
-- gemm-silu+cublas: a Triton GEMM with a SiLU epilogue, then cuBLAS for the second GEMM.
+- gemm-silu+cublas: a Triton GEMM with a SiLU epilogue, then cuBLAS for the second GEMM,
+- padded-cublas: eager's two cuBLAS GEMMs and SiLU on weights with d_ff padded to 1376.
+The three Triton variants pad d_ff the same way (``pad_hidden``): 1365-long rows are not 16-byte
+aligned, which keeps both cuBLAS and Triton off their fast paths.
 Each row has forward, backward and forward+backward ms, model TFLOP/s (12·T·d·d_ff for
 forward+backward: recomputation is not counted as useful work), memory, and the error vs an fp32
 reference checked before timing. Then it re-renders reports/06_fused_mlp.md.
@@ -28,7 +31,7 @@ from .bench import (
     sweep_arg_parser,
     sweep_cell,
 )
-from .kernel import fused_mlp, gemm_silu_mlp
+from .kernel import fused_mlp, gemm_silu_mlp, padded_cublas_mlp
 
 PHASE = "06_fused_mlp"
 baseline = importlib.import_module("phases.01_baseline")
@@ -41,6 +44,7 @@ def variants() -> dict:
         "fused": fused_mlp,
         "fused-recompute": lambda x, w1, w2: fused_mlp(x, w1, w2, save_preactivation=False),
         "gemm-silu+cublas": gemm_silu_mlp,
+        "padded-cublas": padded_cublas_mlp,
     }
 
 

@@ -95,7 +95,7 @@ class _GroupedHeads(torch.autograd.Function):
         G, D_FF, _ = w1.shape
         N_OUT = w2.shape[1]
         dout = dout.to(z.dtype).contiguous()
-        da = _mlp_kernel.aligned_empty(T, G * D_FF, z)  # rows of 13 650 are not 16-byte aligned for cuBLAS
+        da = _mlp_kernel.aligned_empty(T, G * D_FF, z)
         n_row_blocks = triton.cdiv(T, BWD_BLOCK_M)
         dw2_partials = torch.empty((n_row_blocks, G, N_OUT, D_FF), dtype=torch.float32, device=z.device)
 
@@ -172,7 +172,8 @@ def check_heads_inputs(z: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tenso
 def gmm_heads(z: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
     """K head MLPs silu(z W1_kᵀ) W2_kᵀ -> (T, K, N_OUT) in one Triton kernel; drop-in for phase 01's
     `gmm_heads_loop`. Under autocast the fp32 weights are cast to the autocast dtype, as F.linear does."""
-    return _GroupedHeads.apply(*check_heads_inputs(z, w1, w2))
+    z, w1, w2 = check_heads_inputs(z, w1, w2)
+    return _GroupedHeads.apply(z, *_mlp.pad_hidden(w1, w2))  # 16-byte aligned rows: see phase 06
 
 
 def gmm_heads_bmm(z: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
