@@ -52,11 +52,11 @@ class TileConfig:
 INTERPRETER_CONFIGS = {kernel: TileConfig(16, 16, 4, 1) for kernel in ("fwd", "dq", "dkdv")}
 GPU_CONFIGS = {
     # (kernel, 16-bit inputs?, head dim <= 64?) -> tiles. d <= 32 reuses the d = 64 choice untuned.
-    # Forward, d <= 64: phase 02's best tile with TMA loads (non-causal); d = 128: the best of the
-    # block-pointer kernel's tuning here. The causal forward with TMA is not yet measured on them:
-    # scratch/flash2_fwd_probe.py times the candidates (bench.TUNE_CANDIDATES["fwd"]).
+    # Forward (TMA loads, causal bf16, H200; README note 4): the tile with the best worst-case ratio
+    # to SDPA cuDNN over (16, 4096), (4, 16384), (16, 16384) at d = 64 and (16, 4096), (4, 16384)
+    # at d = 128, among bench.TUNE_CANDIDATES["fwd"].
     ("fwd", True, True): TileConfig(128, 128, 4, 3),
-    ("fwd", True, False): TileConfig(64, 64, 4, 3),
+    ("fwd", True, False): TileConfig(128, 128, 8, 3),
     # Backward: `python -m phases.flash2 flash-bench --tune` on an H100 at (16, 16384, 64) and
     # (8, 8192, 128), causal bf16 (reports/flash2.md, "Tile tuning").
     ("dq", True, True): TileConfig(128, 64, 4, 3),
