@@ -7,7 +7,8 @@ units and 3 outputs, bf16) it measures side by side:
 - loop: phase 01's ``gmm_heads_loop``, the spec's Python loop over the 10 head MLPs,
 - bmm: the heads batched through ``torch.matmul``/``torch.bmm`` (a (10, T, 1365) hidden tensor),
 - compile: the loop under ``torch.compile``,
-- grouped: this phase's kernel (``gmm_heads``),
+- grouped: this phase's kernel (``gmm_heads``), the backward recomputing the hidden layer,
+- grouped-save: the same, the forward keeping the pre-activation for the backward,
 - grouped+nll: the grouped heads followed by phase 08's loss kernel -- the difference from
   ``grouped`` bounds what fusing the loss into this kernel's epilogue could save.
 Rows: forward, backward, forward+backward ms, model TFLOP/s (3 × 2·T·13 650·(512 + 3)), memory,
@@ -35,6 +36,7 @@ def variants(y: torch.Tensor) -> dict:
         "bmm": gmm_heads_bmm,
         "compile": torch.compile(baseline.gmm_heads_loop, dynamic=False),
         "grouped": gmm_heads,
+        "grouped-save": lambda z, w1, w2: gmm_heads(z, w1, w2, save_preactivation=True),
         "grouped+nll": lambda z, w1, w2: loss_kernel.gmm_nll(gmm_heads(z, w1, w2), y),
     }
 

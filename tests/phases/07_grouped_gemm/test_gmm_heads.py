@@ -39,6 +39,13 @@ def test_small_dims_match_float64(dtype, T):
     check(p07.gmm_heads, inputs, grad_out, 1e-5 if dtype == torch.float32 else 5e-3)
 
 
+@pytest.mark.parametrize("T", [1, 37])
+def test_saved_preactivation_matches_float64(T):
+    # The backward reads the pre-activation the forward kept (3 heads: the group stride of a).
+    inputs, grad_out = random_heads(T, 3, 32, 300, torch.float32)
+    check(lambda z, w1, w2: p07.gmm_heads(z, w1, w2, save_preactivation=True), inputs, grad_out, 1e-5)
+
+
 def test_real_weight_shapes():
     inputs, grad_out = random_heads(1, 10, 512, 1365, torch.float32)
     check(p07.gmm_heads, inputs, grad_out, 1e-5)
@@ -80,6 +87,7 @@ def test_bad_input_raises(args, message):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 37, 1001])
-def test_gpu_bf16_real_shapes_match_float64(T):
+@pytest.mark.parametrize("save", [False, True])
+def test_gpu_bf16_real_shapes_match_float64(T, save):
     inputs, grad_out = random_heads(T, 10, 512, 1365, torch.bfloat16)
-    check(p07.gmm_heads, inputs, grad_out, 1.5e-2)
+    check(lambda z, w1, w2: p07.gmm_heads(z, w1, w2, save_preactivation=save), inputs, grad_out, 1.5e-2)
