@@ -17,9 +17,9 @@ row is 250 KB, so the rows being worked on (33 MB) fit in H100's 50 MB L2 and th
 reads from L2: device memory sees the logits read once and the gradient written once.
 
 The scale is 1/(number of non-ignored targets) for ``reduction="mean"``, counted on the device by
-a small kernel that also counts targets out of range. Those must raise a ``ValueError``, which
-needs the host to read that count: the one sync of the call, placed after every launch so the GPU
-never waits on the host for the main kernel. The upstream gradient of the loss multiplies the stored gradient in the backward; that
+a small kernel that also counts targets out of range. Those must raise a ``ValueError``, so the host
+reads that count: copied to page-locked memory behind the small kernel, and waited for only after
+the main kernel is queued, so the GPU never idles while the host checks. The upstream gradient of the loss multiplies the stored gradient in the backward; that
 kernel skips rows whose factor is exactly 1 (the usual ``loss.backward()``), so it costs nothing then.
 Offsets are int64: rows x vocab may exceed 2**31.
 """
@@ -156,6 +156,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         stats = torch.empty(2, dtype=torch.int32, device=logits.device)  # (not ignored, out of range)
         _target_stats_kernel[(1,)](target, stats, n_rows, n_cols, ignore_index, BLOCK=1024)
+        stats_seen = _stats_to_host(stats) if check_targets else None
         _cross_entropy_fwd_kernel[(persistent_programs(n_rows, PROGRAMS_PER_SM),)](
             rows,
             target,
@@ -172,10 +173,10 @@ class CrossEntropyFunction(torch.autograd.Function):
             BLOCK_V=BLOCK_V,
             num_warps=NUM_WARPS,
         )
-        # The range check waits for the GPU, so it comes after the launches: the host queued all the
-        # work first, and the kernel never reads out of bounds (the target's logit is read under a
-        # mask, the gradient only compares columns with the target).
-        if check_targets and stats[1].item():
+        # The range check waits only for the small stats kernel, and only after the main kernel is
+        # queued behind it, so the GPU never idles for it; the main kernel never reads out of bounds
+        # (the target's logit is read under a mask, the gradient only compares columns).
+        if check_targets and _out_of_range_count(stats_seen):
             _raise_out_of_range(target, ignore_index, n_cols)
         ctx.grad = grad.view(shape) if compute_grad else None
         ctx.reduction = reduction
@@ -227,6 +228,30 @@ def _check(logits, target, ignore_index, reduction):
         raise ValueError(f"target: on {target.device}, but logits are on {logits.device}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+
+
+_PINNED_STATS: dict = {}  # per device: a page-locked landing buffer for the two counts
+
+
+def _stats_to_host(stats: torch.Tensor):
+    """Start copying the counts to the host; returns what ``_out_of_range_count`` waits on."""
+    if not common.ON_GPU:
+        return stats
+    pinned = _PINNED_STATS.get(stats.device)
+    if pinned is None:
+        pinned = _PINNED_STATS[stats.device] = torch.empty(2, dtype=torch.int32, pin_memory=True)
+    pinned.copy_(stats, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return pinned, copied
+
+
+def _out_of_range_count(stats_seen) -> int:
+    if not common.ON_GPU:
+        return int(stats_seen[1])
+    pinned, copied = stats_seen
+    copied.synchronize()  # the stats kernel and the copy: not the main kernel queued after them
+    return int(pinned[1])
 
 
 def _raise_out_of_range(target, ignore_index, vocab):
