@@ -162,6 +162,7 @@ def gmm_nll_bwd_kernel(
 
 
 BLOCK_T = 128
+NUM_WARPS = 4
 _COUNTERS: dict = {}
 
 
@@ -234,6 +235,7 @@ class _GmmNll(torch.autograd.Function):
             BLOCK_K=triton.next_power_of_2(K),
             BLOCK_P=256,
             LOG_SQRT_2PI_=LOG_SQRT_2PI,
+            num_warps=NUM_WARPS,
         )
         ctx.save_for_backward(params, y)
         return loss
@@ -256,6 +258,7 @@ class _GmmNll(torch.autograd.Function):
             BLOCK_T=BLOCK_T,
             BLOCK_K=triton.next_power_of_2(K),
             LOG_SQRT_2PI_=LOG_SQRT_2PI,
+            num_warps=NUM_WARPS,
         )
         # dL/dy = -Σ_k dL/dmu_k: free from what was just written, if anyone asks (data usually does not).
         dy = -dparams[:, :, 1].float().sum(1).to(y.dtype) if ctx.needs_input_grad[1] else None
