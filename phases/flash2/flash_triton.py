@@ -103,6 +103,22 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
 
 
 @triton.jit
+def _rows_ptr(base, n_rows, stride_row, stride_col, start, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A block pointer to (BLOCK, HEAD_DIM) tiles of an (n_rows, HEAD_DIM) matrix, from row ``start``."""
+    return tl.make_block_ptr(
+        base, (n_rows, HEAD_DIM), (stride_row, stride_col), (start, 0), (BLOCK, HEAD_DIM), (1, 0)
+    )
+
+
+@triton.jit
+def _cols_ptr(base, n_rows, stride_row, stride_col, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The same matrix read transposed, (HEAD_DIM, BLOCK) tiles from row 0: the K^T of a Q K^T dot."""
+    return tl.make_block_ptr(
+        base, (HEAD_DIM, n_rows), (stride_col, stride_row), (0, 0), (HEAD_DIM, BLOCK), (0, 1)
+    )
+
+
+@triton.jit
 def _fwd_key_loop(
     acc,
     m_i,
@@ -216,21 +232,10 @@ def _fwd_kernel(
         )
         q = q_desc.load([start_m, 0])
     else:
-        q_ptr = tl.make_block_ptr(
-            Q + b * stride_qb,
-            (n_queries, HEAD_DIM),
-            (stride_qm, stride_qd),
-            (start_m, 0),
-            (BLOCK_M, HEAD_DIM),
-            (1, 0),
-        )
+        q_ptr = _rows_ptr(Q + b * stride_qb, n_queries, stride_qm, stride_qd, start_m, BLOCK_M, HEAD_DIM)
         # K is read transposed, (D, Nk), so the score tile is a plain Q @ K^T dot.
-        k_in = tl.make_block_ptr(
-            K + b * stride_kb, (HEAD_DIM, n_keys), (stride_kd, stride_kn), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
-        )
-        v_in = tl.make_block_ptr(
-            V + b * stride_vb, (n_keys, HEAD_DIM), (stride_vn, stride_vd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0)
-        )
+        k_in = _cols_ptr(K + b * stride_kb, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM)
+        v_in = _rows_ptr(V + b * stride_vb, n_keys, stride_vn, stride_vd, 0, BLOCK_N, HEAD_DIM)
         q = tl.load(q_ptr) if EVEN_M else tl.load(q_ptr, boundary_check=(0,), padding_option="zero")
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -258,14 +263,7 @@ def _fwd_kernel(
         )
         o_desc.store([start_m, 0], o)
     else:
-        o_ptr = tl.make_block_ptr(
-            O + b * stride_ob,
-            (n_queries, HEAD_DIM),
-            (stride_om, stride_od),
-            (start_m, 0),
-            (BLOCK_M, HEAD_DIM),
-            (1, 0),
-        )
+        o_ptr = _rows_ptr(O + b * stride_ob, n_queries, stride_om, stride_od, start_m, BLOCK_M, HEAD_DIM)
         if EVEN_M:
             tl.store(o_ptr, o)
         else:
@@ -396,39 +394,16 @@ def _bwd_dkdv_kernel(
     start_n = tl.program_id(0) * BLOCK_N
     b = tl.program_id(1).to(tl.int64)
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k_ptr = tl.make_block_ptr(
-        K + b * stride_kb,
-        (n_keys, HEAD_DIM),
-        (stride_kn, stride_kd),
-        (start_n, 0),
-        (BLOCK_N, HEAD_DIM),
-        (1, 0),
-    )
-    v_ptr = tl.make_block_ptr(
-        V + b * stride_vb,
-        (n_keys, HEAD_DIM),
-        (stride_vn, stride_vd),
-        (start_n, 0),
-        (BLOCK_N, HEAD_DIM),
-        (1, 0),
-    )
+    k_ptr = _rows_ptr(K + b * stride_kb, n_keys, stride_kn, stride_kd, start_n, BLOCK_N, HEAD_DIM)
+    v_ptr = _rows_ptr(V + b * stride_vb, n_keys, stride_vn, stride_vd, start_n, BLOCK_N, HEAD_DIM)
     if EVEN_N:
         k = tl.load(k_ptr)
         v = tl.load(v_ptr)
     else:
         k = tl.load(k_ptr, boundary_check=(0,), padding_option="zero")
         v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
-    qT_ptr = tl.make_block_ptr(
-        Q + b * stride_qb, (HEAD_DIM, n_queries), (stride_qd, stride_qm), (0, 0), (HEAD_DIM, BLOCK_M), (0, 1)
-    )
-    do_ptr = tl.make_block_ptr(
-        DO + b * stride_dob,
-        (n_queries, HEAD_DIM),
-        (stride_dom, stride_dod),
-        (0, 0),
-        (BLOCK_M, HEAD_DIM),
-        (1, 0),
-    )
+    qT_ptr = _cols_ptr(Q + b * stride_qb, n_queries, stride_qm, stride_qd, BLOCK_M, HEAD_DIM)
+    do_ptr = _rows_ptr(DO + b * stride_dob, n_queries, stride_dom, stride_dod, 0, BLOCK_M, HEAD_DIM)
     L += b * n_queries
     Delta += b * n_queries
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
@@ -500,22 +475,8 @@ def _bwd_dkdv_kernel(
     )
 
     # dS is the gradient of the scaled scores; the 1/sqrt(d) of S = Q K^T / sqrt(d) comes in here.
-    dk_ptr = tl.make_block_ptr(
-        DK + b * stride_kb,
-        (n_keys, HEAD_DIM),
-        (stride_kn, stride_kd),
-        (start_n, 0),
-        (BLOCK_N, HEAD_DIM),
-        (1, 0),
-    )
-    dv_ptr = tl.make_block_ptr(
-        DV + b * stride_vb,
-        (n_keys, HEAD_DIM),
-        (stride_vn, stride_vd),
-        (start_n, 0),
-        (BLOCK_N, HEAD_DIM),
-        (1, 0),
-    )
+    dk_ptr = _rows_ptr(DK + b * stride_kb, n_keys, stride_kn, stride_kd, start_n, BLOCK_N, HEAD_DIM)
+    dv_ptr = _rows_ptr(DV + b * stride_vb, n_keys, stride_vn, stride_vd, start_n, BLOCK_N, HEAD_DIM)
     if EVEN_N:
         tl.store(dk_ptr, (dk * sm_scale).to(DK.dtype.element_ty))
         tl.store(dv_ptr, dv.to(DV.dtype.element_ty))
@@ -605,22 +566,8 @@ def _bwd_dq_kernel(
     b = tl.program_id(1).to(tl.int64)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q_ptr = tl.make_block_ptr(
-        Q + b * stride_qb,
-        (n_queries, HEAD_DIM),
-        (stride_qm, stride_qd),
-        (start_m, 0),
-        (BLOCK_M, HEAD_DIM),
-        (1, 0),
-    )
-    do_ptr = tl.make_block_ptr(
-        DO + b * stride_dob,
-        (n_queries, HEAD_DIM),
-        (stride_dom, stride_dod),
-        (start_m, 0),
-        (BLOCK_M, HEAD_DIM),
-        (1, 0),
-    )
+    q_ptr = _rows_ptr(Q + b * stride_qb, n_queries, stride_qm, stride_qd, start_m, BLOCK_M, HEAD_DIM)
+    do_ptr = _rows_ptr(DO + b * stride_dob, n_queries, stride_dom, stride_dod, start_m, BLOCK_M, HEAD_DIM)
     if EVEN_M:
         q = tl.load(q_ptr)
         do = tl.load(do_ptr)
@@ -631,12 +578,8 @@ def _bwd_dq_kernel(
         do = tl.load(do_ptr, boundary_check=(0,), padding_option="zero")
         lse2 = tl.load(L + b * n_queries + offs_m, mask=offs_m < n_queries, other=0.0) * 1.4426950408889634
         delta = tl.load(Delta + b * n_queries + offs_m, mask=offs_m < n_queries, other=0.0)
-    kT_ptr = tl.make_block_ptr(
-        K + b * stride_kb, (HEAD_DIM, n_keys), (stride_kd, stride_kn), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
-    )
-    vT_ptr = tl.make_block_ptr(
-        V + b * stride_vb, (HEAD_DIM, n_keys), (stride_vd, stride_vn), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
-    )
+    kT_ptr = _cols_ptr(K + b * stride_kb, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM)
+    vT_ptr = _cols_ptr(V + b * stride_vb, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if CAUSAL:
         end_n = tl.minimum(n_keys, start_m + BLOCK_M)
@@ -650,14 +593,7 @@ def _bwd_dq_kernel(
     dq = _dq_key_loop(
         dq, q, do, lse2, delta, kT_ptr, vT_ptr, full_n, end_n, offs_m, qk_scale, n_keys, BLOCK_N, True, CAUSAL
     )
-    dq_ptr = tl.make_block_ptr(
-        DQ + b * stride_qb,
-        (n_queries, HEAD_DIM),
-        (stride_qm, stride_qd),
-        (start_m, 0),
-        (BLOCK_M, HEAD_DIM),
-        (1, 0),
-    )
+    dq_ptr = _rows_ptr(DQ + b * stride_qb, n_queries, stride_qm, stride_qd, start_m, BLOCK_M, HEAD_DIM)
     if EVEN_M:
         tl.store(dq_ptr, (dq * sm_scale).to(DQ.dtype.element_ty))
     else:
