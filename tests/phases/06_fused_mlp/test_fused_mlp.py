@@ -17,6 +17,7 @@ VARIANTS = {
     "fused": p06.fused_mlp,
     "fused-recompute": lambda x, w1, w2: p06.fused_mlp(x, w1, w2, save_preactivation=False),
     "gemm-silu": p06.gemm_silu_mlp,
+    "padded-cublas": p06.padded_cublas_mlp,
 }
 
 
@@ -42,6 +43,16 @@ def check(fn, inputs, grad_out, tol):
 def test_small_dims_match_float64(variant, dtype, T):
     inputs, grad_out = random_mlp(T, 32, 300, 160, dtype)
     check(VARIANTS[variant], inputs, grad_out, 1e-5 if dtype == torch.float32 else 5e-3)
+
+
+def test_pad_hidden_adds_zeros_to_a_multiple_of_16():
+    w1, w2 = torch.randn(300, 32), torch.randn(160, 300)
+    w1p, w2p = p06.pad_hidden(w1, w2)
+    assert w1p.shape == (304, 32) and w2p.shape == (160, 304)
+    assert torch.equal(w1p[:300], w1) and torch.equal(w2p[:, :300], w2)
+    assert not w1p[300:].any() and not w2p[:, 300:].any()
+    aligned = torch.randn(320, 32), torch.randn(160, 320)
+    assert all(a is b for a, b in zip(p06.pad_hidden(*aligned), aligned, strict=True))  # no copy
 
 
 def test_real_weight_shapes():
