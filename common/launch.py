@@ -16,9 +16,10 @@ from triton.runtime.driver import driver
 
 
 def signature_key(*tensors: torch.Tensor) -> tuple:
-    """Shape, strides, dtype and 16-byte alignment of each tensor: all that specialises a kernel
-    whose integer arguments are these tensors' sizes and strides."""
-    return tuple((t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
+    """Shape, strides, dtype, device and 16-byte alignment of each tensor: all that specialises a
+    kernel whose integer arguments are these tensors' sizes and strides (a binary is loaded per
+    device, so the device is part of the key too)."""
+    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
 
 
 def constexpr_tail(jit_fn, n_args: int, constexprs: dict) -> tuple:
