@@ -230,7 +230,9 @@ def _check(logits, target, ignore_index, reduction):
         raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
 
 
-_PINNED_STATS: dict = {}  # per device: a page-locked landing buffer for the two counts
+# Per device, a page-locked landing buffer for the two counts; each call reads it before returning,
+# so calls in sequence share it (calls on several streams at once would each need their own).
+_PINNED_STATS: dict = {}
 
 
 def _stats_to_host(stats: torch.Tensor):
