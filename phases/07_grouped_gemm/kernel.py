@@ -4,8 +4,10 @@ Stacked, the first layers are one (T × 512) · (512 × 13 650) GEMM; each head'
 only its own 1365 hidden units, so the second layer is block-diagonal and tiny (3 outputs a head).
 That is phase 06's fused MLP with a group axis: a program owns BLOCK_M rows of one head, walks the
 head's hidden units in chunks -- GEMM, SiLU, and the chunk's contribution to the 3 outputs in the
-same registers -- and writes 3 numbers a row. The (T, 13 650) hidden layer never reaches memory:
-at T = 32 000 in bf16 that is 874 MB not written and not read back.
+same registers -- and writes 3 numbers a row. By default the (T, 13 650) hidden layer never reaches
+memory: at T = 32 000 in bf16 that is 874 MB not written and not read back (``save_preactivation``
+trades them for the backward's recomputation). d_ff is padded to 1376 per head (phase 06's
+``pad_hidden``), so every row the kernels and cuBLAS read is 16-byte aligned.
 
 Backward: the hidden kernel recomputes a = z W1ᵀ per tile, forms dh = dy_k W2_k (a K = 3 product,
 padded to the 16 a tensor-core dot needs by masking) and writes da, plus this row block's share of
