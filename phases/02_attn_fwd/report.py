@@ -62,7 +62,9 @@ def render_attention(df: pd.DataFrame, fig: Figures, *, title: str, goals) -> st
         "dq, dk, dv within 3% of the largest SDPA gradient). `peak_mem_gb` is the device's peak "
         "during one call, inputs included -- and, in every row after a run's first, the 0.27 GB "
         "L2-flush buffer of `common.bench` (the first row of a run reads 0.27 GB lower); newer rows "
-        "add `call_mem_gb`, what the call itself allocates.\n",
+        "add `call_mem_gb`, what the call itself allocates. A mode ending in `graphed` times a replay of the "
+        "same call captured in a CUDA graph, for every implementation alike: no host work per call, so it "
+        "compares the kernels where the plain call is bound by the host.\n",
         markdown_table(ok.loc[ok["shape"].isin(TNP_SHAPES)].sort_values(["shape", "ms"]), cols),
     ]
     parts += ["\n### Goals\n", goals_table(df, goals)]
