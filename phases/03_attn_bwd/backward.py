@@ -588,10 +588,15 @@ def attention_backward(q, k, v, o, lse, do, scale: float):
     return dq, grads[0], grads[1]
 
 
-class _Attention(torch.autograd.Function):
+class AttentionFunction(torch.autograd.Function):
+    """Phase 02's forward, saving q, k, v, o and lse; the backward is the ``backward_fn`` passed to
+    ``apply`` -- this phase's two-pass ``attention_backward`` or phase 04's fused one, which take
+    and return the same tensors."""
+
     @staticmethod
-    def forward(ctx, q, k, v, scale):
+    def forward(ctx, q, k, v, scale, backward_fn):
         ctx.scale = fwd.check_inputs(q, k, v, scale)
+        ctx.backward_fn = backward_fn
         o, lse = fwd.checked_forward(q, k, v, ctx.scale)
         ctx.save_for_backward(q, k, v, o, lse)
         return o
@@ -599,10 +604,10 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(q, k, v, o, lse, do, ctx.scale)
-        return dq, dk, dv, None
+        dq, dk, dv = ctx.backward_fn(q, k, v, o, lse, do, ctx.scale)
+        return dq, dk, dv, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Differentiable rectangular attention: phase 02's forward, this phase's two-pass backward."""
-    return _Attention.apply(q, k, v, scale)
+    return AttentionFunction.apply(q, k, v, scale, attention_backward)

@@ -292,21 +292,7 @@ def fused_attention_backward(q, k, v, o, lse, do, scale: float):
     return dq, grads[0], grads[1]
 
 
-class _FusedAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        ctx.scale = fwd.check_inputs(q, k, v, scale)
-        o, lse = fwd.checked_forward(q, k, v, ctx.scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = fused_attention_backward(q, k, v, o, lse, do, ctx.scale)
-        return dq, dk, dv, None
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Differentiable rectangular attention: phase 02's forward, the fused one-launch backward."""
-    return _FusedAttention.apply(q, k, v, scale)
+    """Differentiable rectangular attention: phase 02's forward, the fused one-launch backward (phase
+    03's autograd wrapper, given this backward)."""
+    return bwd.AttentionFunction.apply(q, k, v, scale, fused_attention_backward)
