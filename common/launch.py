@@ -8,11 +8,31 @@ GPU time, that difference decides the benchmark. A caller that knows what decide
 specialisation -- for kernels whose integer arguments all derive from their tensors' shapes and
 strides, ``signature_key`` of those tensors -- compiles once per key and then calls
 ``launch_compiled``. GPU only: in the interpreter there is no compiled kernel to hold.
+
+Kernels that build tensor descriptors (TMA) on the device also need scratch memory from an
+allocator: ``use_descriptor_scratch`` before launching them.
 """
 
 import torch
+import triton
 from triton import knobs
 from triton.runtime.driver import driver
+
+from .device import DEVICE
+
+
+def _descriptor_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device=DEVICE)
+
+
+def use_descriptor_scratch() -> None:
+    """Give Triton the scratch for tensor descriptors built on the device, in the calling thread.
+
+    Triton keeps its allocator in a context variable, so one set when a module is imported is
+    missing in every other thread -- and autograd runs backward passes (a checkpoint's recomputed
+    forward included) in threads of its own.
+    """
+    triton.set_allocator(_descriptor_scratch)
 
 
 def signature_key(*tensors: torch.Tensor) -> tuple:
@@ -39,3 +59,24 @@ def launch_compiled(kernel, grid: tuple[int, int, int], args: tuple) -> None:
     metadata = kernel.launch_metadata(grid, stream, *args) if enter_hook is not None else None
     kernel.run(*grid, stream, kernel.function, kernel.packed_metadata, metadata, enter_hook,
                knobs.runtime.launch_exit_hook, *args)  # fmt: skip
+
+
+class LaunchCache:
+    """Direct launches per call signature: ``tune`` runs once per key, later calls launch its pick.
+
+    ``tune(tensors, *tune_args)`` returns ``(kernel, grid, other_args, info)``: the compiled kernel,
+    its 3-D grid, every argument after ``tensors`` (fixed by the signature, constexprs included)
+    and whatever the caller wants back from each launch (the config, the compiler's report).
+    """
+
+    def __init__(self, tune):
+        self._tune = tune
+        self._launches: dict = {}
+
+    def launch(self, key, tensors: tuple, *tune_args):
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = self._launches[key] = self._tune(tensors, *tune_args)
+        kernel, grid, other_args, info = launch
+        launch_compiled(kernel, grid, tensors + other_args)
+        return info

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from common import ON_GPU
-from common.launch import constexpr_tail, launch_compiled, signature_key
+from common.launch import LaunchCache, constexpr_tail, signature_key, use_descriptor_scratch
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -310,14 +310,6 @@ _fwd_autotuned = triton.autotune(
 )(_attn_fwd_kernel)
 
 
-def _tma_allocator(size: int, alignment: int, stream):
-    # Scratch for tensor descriptors created on the device.
-    return torch.empty(size, dtype=torch.int8, device="cuda" if ON_GPU else "cpu")
-
-
-triton.set_allocator(_tma_allocator)
-
-
 def chosen_config(cfg: triton.Config | None, interpreter_config: dict = INTERPRETER_CONFIG) -> str:
     """An autotuner's pick (None in the interpreter), as a compact string for CSV rows."""
     if cfg is None:
@@ -344,11 +336,6 @@ def strides4(t: torch.Tensor) -> tuple:
 # --- the entry point ---------------------------------------------------------------------------
 
 DEFAULT_IMPL = "auto"
-# Per call signature (the strides, shapes, dtypes and alignment of q, k, v, and the loader): the
-# compiled kernel the autotuner picked, its grid and constexprs. Later calls with that signature
-# launch it directly, skipping the autotuner's and Triton's per-call argument binding -- host time
-# that is most of the call at the small shape (README, note 7).
-_LAUNCHES: dict = {}
 LAST_CONFIG: dict = {}
 
 
@@ -376,13 +363,10 @@ def checked_forward(q, k, v, scale: float, impl: str = DEFAULT_IMPL) -> tuple[to
     o = torch.empty((B, Lq, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
     tensors = (q, k, v, o, lse, scale * LOG2E)
+    use_descriptor_scratch()
     if ON_GPU:
         key = (signature_key(q, k, v), impl)  # o and lse are ours: their layout follows from q's shape
-        launch = _LAUNCHES.get(key)
-        if launch is None:
-            launch = _LAUNCHES[key] = _tune_forward(tensors, impl)
-        kernel, grid, other_args, LAST_CONFIG["config"] = launch
-        launch_compiled(kernel, grid, tensors + other_args)
+        LAST_CONFIG["config"] = _LAUNCHES.launch(key, tensors, impl)
     else:  # the interpreter: one fixed small config, TMA unless the caller or the strides rule it out
         use_tma = impl != "blockptr" and tma_ok(q, k, v, o)
         args = tensors + _shape_args(q, k, v, o, IMPL_CHOICE["tma" if use_tma else "blockptr"])
@@ -414,3 +398,10 @@ def _tune_forward(tensors: tuple, impl: str) -> tuple:
     grid = (triton.cdiv(Lq, config.kwargs["BLOCK_M"]) * B * H, 1, 1)
     other_args = args[len(tensors) :] + constexpr_tail(_attn_fwd_kernel, len(args), {**meta, **config.kwargs})
     return kernel, grid, other_args, config
+
+
+# Per call signature (the strides, shapes, dtypes and alignment of q, k, v, and the loader): the
+# compiled kernel the autotuner picked, its grid and constexprs. Later calls with that signature
+# launch it directly, skipping the autotuner's and Triton's per-call argument binding -- host time
+# that is most of the call at the small shape (README, note 7).
+_LAUNCHES = LaunchCache(_tune_forward)

@@ -36,7 +36,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources, PTXASError
 
 from common import ON_GPU
-from common.launch import constexpr_tail, launch_compiled, signature_key
+from common.launch import LaunchCache, constexpr_tail, signature_key
 
 fwd = importlib.import_module("phases.02_attn_fwd")
 bwd = importlib.import_module("phases.03_attn_bwd")
@@ -211,11 +211,6 @@ _fused_autotuned = triton.autotune(
 
 # What the compiler reported for the most recent launch on a GPU: the config, registers, spills.
 COMPILE_REPORT: dict = {}
-# Per call signature (shapes, strides, dtypes, alignment of q, k, v, do): the compiled kernel the
-# autotuner chose and its launch settings. Later calls launch it directly: the autotuner's and
-# Triton's per-call binding of this kernel's 60 arguments is host time that shows at the small
-# shape, where a whole forward + backward takes 0.12 ms of GPU time (README, note 9).
-_LAUNCHES: dict = {}
 
 
 def _interpreter_config(Lk: int) -> dict:
@@ -266,6 +261,13 @@ def _tune(tensors: tuple, q_chunk: int, n_chunks: int) -> tuple:
     return kernel, grid, other_args, report
 
 
+# Per call signature (shapes, strides, dtypes, alignment of q, k, v, do): the compiled kernel the
+# autotuner chose and its launch settings. Later calls launch it directly: the autotuner's and
+# Triton's per-call binding of this kernel's 60 arguments is host time that shows at the small
+# shape, where a whole forward + backward takes 0.12 ms of GPU time (README, note 9).
+_LAUNCHES = LaunchCache(_tune)
+
+
 def fused_attention_backward(q, k, v, o, lse, do, scale: float):
     """dQ, dK, dV in one launch (plus the chunk reduction when the query rows are split)."""
     B, H, Lq, D = q.shape
@@ -277,12 +279,7 @@ def fused_attention_backward(q, k, v, o, lse, do, scale: float):
     tensors = (q, k, v, o, do, lse, dq, partials[:, 0], partials[:, 1], scale, scale * fwd.LOG2E)
     if ON_GPU:
         key = signature_key(q, k, v, o, do)  # lse, dq and the partials are ours: fixed layouts
-        launch = _LAUNCHES.get(key)
-        if launch is None:
-            launch = _LAUNCHES[key] = _tune(tensors, q_chunk, n_chunks)
-        kernel, grid, other_args, report = launch
-        COMPILE_REPORT.update(report)
-        launch_compiled(kernel, grid, tensors + other_args)
+        COMPILE_REPORT.update(_LAUNCHES.launch(key, tensors, q_chunk, n_chunks))
     else:
         config = _interpreter_config(Lk)
         args = tensors + _shape_args(tensors, q_chunk, n_chunks)

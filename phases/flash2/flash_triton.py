@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from common import ON_GPU  # first: without a GPU it switches Triton to its interpreter
+from common.launch import use_descriptor_scratch
 
 # isort: split
 import torch
@@ -82,14 +83,6 @@ def tile_config(kernel: str, dtype: torch.dtype, head_dim: int) -> TileConfig:
 # ----------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------
-
-
-def _tma_allocator(size: int, alignment: int, stream):
-    # Tensor descriptors built inside a kernel live in a scratch buffer that Triton asks for here.
-    return torch.empty(size, dtype=torch.int8, device="cuda" if ON_GPU else "cpu")
-
-
-triton.set_allocator(_tma_allocator)
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:
@@ -621,6 +614,7 @@ def flash_forward(q, k, v, is_causal: bool, config: TileConfig | None = None, lo
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, n_q, dtype=torch.float32, device=q.device)
     use_tma = loader != "blockptr" and tma_ok(q, k, v, o)
+    use_descriptor_scratch()
     if loader == "tma" and not use_tma:
         raise ValueError("loader: 'tma' needs unit stride along D and 16-byte aligned rows in q, k and v")
     sm_scale = 1.0 / math.sqrt(head_dim)

@@ -1,8 +1,11 @@
 """common.launch: the cache key must change whenever Triton's specialisation could."""
 
+import threading
+
 import torch
 
-from common.launch import constexpr_tail, signature_key
+from common import DEVICE
+from common.launch import constexpr_tail, signature_key, use_descriptor_scratch
 
 
 def test_signature_key_tells_apart_what_specialises_a_kernel():
@@ -21,3 +24,21 @@ def test_constexpr_tail_follows_the_kernel_parameter_order():
         arg_names = ["X", "n", "BLOCK", "EVEN"]
 
     assert constexpr_tail(Kernel, 2, {"EVEN": True, "BLOCK": 64, "unused": 1}) == (64, True)
+
+
+def test_descriptor_scratch_is_set_in_the_calling_thread():
+    from triton.runtime import _allocation
+
+    seen = {}
+
+    def worker():  # a new thread starts with Triton's default: no allocator
+        seen["before"] = _allocation._allocator.get()
+        use_descriptor_scratch()
+        seen["after"] = _allocation._allocator.get()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen["before"] is not seen["after"]
+    buffer = seen["after"](64, 128, None)
+    assert buffer.numel() == 64 and buffer.device.type == DEVICE.type

@@ -1,6 +1,7 @@
 """Phase 02's forward against float64 attention: odd shapes, strided inputs, poisoned outputs."""
 
 import importlib
+import threading
 
 import pytest
 import torch
@@ -139,3 +140,16 @@ def test_direct_launch_respecialises_for_a_misaligned_view():
         o, _ = fwd.attention_forward(q, k, v)
         o_ref, _ = ref.reference_attention(q, k, v)
         assert (o.double() - o_ref).abs().max().item() < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_tma_forward_runs_in_a_fresh_thread():
+    # Triton's allocator (scratch for on-device tensor descriptors) is per thread; autograd runs a
+    # checkpoint's recomputed forward in a thread of its own.
+    q, k, v = ref.strided_inputs(1, 2, 100, 70, 64, torch.bfloat16, DEVICE)
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(o=fwd.attention_forward(q, k, v, impl="tma")[0]))
+    worker.start()
+    worker.join()
+    o_ref, _ = ref.reference_attention(q, k, v)
+    assert (result["o"].double() - o_ref).abs().max().item() < TOLERANCE[torch.bfloat16]

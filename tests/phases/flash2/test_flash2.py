@@ -184,6 +184,18 @@ def test_triton_interpreter_forward_loaders(loader, causal, block_m, block_n, po
         assert_close(f"L {n_q}x{n_k}", lse, lse_ref, TOL[torch.float32])
 
 
+@pytest.mark.skipif(common.ON_GPU, reason="interpreter test")
+def test_triton_interpreter_backward_saturated_scores(poisoned):
+    """Every score near -150 (after scaling), so L is too: the zero rows padding a ragged key tile
+    would give P = exp(0 - L) = inf there, and inf x 0 = NaN in dQ, unless that tile is masked."""
+    gen = torch.Generator().manual_seed(3)
+    q = -6.0 + 0.3 * torch.randn(2, 40, 16, generator=gen)
+    k = 6.0 + 0.3 * torch.randn(2, 23, 16, generator=gen)
+    v, grad_out = torch.randn(2, 23, 16, generator=gen), torch.randn(2, 40, 16, generator=gen)
+    for causal in (False, True):
+        check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, causal, 1e-3, lse_of)
+
+
 def column_major_d(batch, n, head_dim, dtype=torch.float32):
     """(B, N, D) with stride N along D (the transpose of a (B, D, N) buffer): no TMA possible."""
     return torch.randn(batch, head_dim, n, dtype=dtype, device=common.DEVICE.type).transpose(1, 2)
