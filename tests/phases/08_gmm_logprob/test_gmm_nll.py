@@ -36,7 +36,8 @@ def random_inputs(T, dtype, scale=1.0, K=10):
     return params, torch.randn(T, device=DEVICE) * scale
 
 
-@pytest.mark.parametrize("T", [1, 37, 1001])
+# 128 is a whole number of tiles; 1001 is not, and the forward's programs each walk several tiles.
+@pytest.mark.parametrize("T", [1, 37, 128, 1001])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_float64(T, dtype):
     params, y = random_inputs(T, dtype)
@@ -58,6 +59,17 @@ def test_y_column_strided_params_and_other_k():
     loss, d_params, _ = loss_and_grads(p08.gmm_nll, params, y)
     ref_loss, ref_d_params, _ = loss_and_grads(reference_nll, params.double(), y.double())
     assert rel(loss, ref_loss) < 1e-5 and rel(d_params, ref_d_params) < 1e-5
+
+
+@pytest.mark.parametrize("K", [1, 2, 11, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_widths(K, dtype):
+    # A row's 3K values are padded, in registers only, to 4, 8, 64 and 256 columns.
+    params, y = random_inputs(37, dtype, K=K)
+    loss, d_params, d_y = loss_and_grads(p08.gmm_nll, params, y)
+    ref_loss, ref_d_params, ref_d_y = loss_and_grads(reference_nll, params.double(), y.double())
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel(loss, ref_loss) < 1e-5 and rel(d_params, ref_d_params) < tol and rel(d_y, ref_d_y) < tol
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
