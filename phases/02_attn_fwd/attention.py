@@ -260,8 +260,10 @@ def configs(space, **fixed) -> list:
 
 
 def tuning_bench(kernel_call, quantiles):
-    # Each candidate gets a short timing: at the large shape one call takes ~0.2 s.
-    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+    # Each candidate gets 60 ms of timing: about 30 calls at the mid shape, where the candidates lie
+    # within 5% of each other and 20 ms (10 calls) let the noise pick (README, session 3); at the
+    # large shape one call takes ~0.2 s, so it stays one call.
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=60, quantiles=quantiles)
 
 
 def autotuned(kernel, space, prune, key=("LQ_BUCKET", "LK_BUCKET", "HEAD_DIM"), **fixed):
