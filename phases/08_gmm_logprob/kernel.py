@@ -284,6 +284,8 @@ def _check(params: Tensor, y: Tensor) -> Tensor:
         )
     if K > 64:
         raise ValueError(f"params: at most 64 mixture components are supported, got K={K}")
+    if T * K * 3 >= 2**31:  # the kernels index params with 32-bit offsets
+        raise ValueError(f"params: at most 2**31 - 1 values (T·K·3) are supported, got T={T}, K={K}")
     if params.dtype not in SUPPORTED_DTYPES:
         raise ValueError(
             f"params: dtype must be float32 or bfloat16 (fp16 gradients overflow), got {params.dtype}"

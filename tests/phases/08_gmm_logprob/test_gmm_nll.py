@@ -107,6 +107,12 @@ def test_plugs_into_the_model():
         (torch.randn(4, 10, 3), torch.ones(4, dtype=torch.int64), "y: expected a floating-point"),
         (torch.randn(0, 10, 3), torch.randn(0), "params: needs T >= 1"),
         (torch.randn(4, 10, 3, device="meta"), torch.randn(4, device="meta"), "params: must be on"),
+        # more values than 32-bit offsets reach, without the memory: a broadcast view
+        (
+            torch.zeros(1, 1, 1, device=DEVICE).expand(2**31 // 30 + 1, 10, 3),
+            torch.zeros(1, device=DEVICE).expand(2**31 // 30 + 1),
+            r"2\*\*31",
+        ),
     ],
 )
 def test_bad_input_raises(params, y, message):
