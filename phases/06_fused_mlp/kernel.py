@@ -457,6 +457,15 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+def check_offset_range(name: str, rows: int, widest_row: int) -> None:
+    """The kernels index rows with 32-bit offsets: refuse, rather than wrap around, when the widest
+    (rows, ·) matrix they address -- widest_row values a row, counted padded -- reaches 2**31."""
+    if rows * widest_row >= 2**31:
+        raise ValueError(
+            f"{name}: {rows} rows x {widest_row} values reach 2**31, past the kernels' 32-bit offsets"
+        )
+
+
 def check_mlp_inputs(x: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Validate x (..., D_IN), w1 (D_FF, D_IN), w2 (N_OUT, D_FF); return them flattened to 2-D and cast
     to the compute dtype (under autocast fp32 weights become bf16; the cast is differentiable)."""
@@ -482,6 +491,9 @@ def check_mlp_inputs(x: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor,
         )
     if x.numel() == 0:
         raise ValueError(f"x: expected at least one token, got shape {tuple(x.shape)}")
+    check_offset_range(
+        "x", x.numel() // x.shape[-1], max(x.shape[-1], -(-w1.shape[0] // 16) * 16, w2.shape[0])
+    )
     dtype = compute_dtype(x)
     if not torch.is_autocast_enabled(x.device.type) and not (x.dtype == w1.dtype == w2.dtype):
         raise ValueError(f"dtypes: x {x.dtype}, w1 {w1.dtype} and w2 {w2.dtype} must match outside autocast")
