@@ -30,10 +30,13 @@ from .bench import (
     start_sweep,
     sweep_arg_parser,
     sweep_cell,
+    tiles_chosen,
 )
-from .kernel import fused_mlp, gemm_silu_mlp, padded_cublas_mlp
+from .kernel import fused_mlp, fused_mlp_fwd, gemm_silu_mlp, mlp_hidden, padded_cublas_mlp
 
 PHASE = "06_fused_mlp"
+TRITON_VARIANTS = {"fused", "fused-recompute", "gemm-silu+cublas"}  # their rows name the tiles they ran
+AUTOTUNERS = {"fwd": fused_mlp_fwd, "hidden": mlp_hidden}
 baseline = importlib.import_module("phases.01_baseline")
 
 
@@ -72,7 +75,10 @@ def main(argv=None) -> None:
         print(f"{shape.label()}: {T} tokens, d_model {d_model}, d_ff {d_ff}, {dtype}")
         for name in args.variants:
             cell = sweep_cell(name, shape.name, dtype, tokens=T, d_model=d_model, d_ff=d_ff)
-            measure_tflops_cell(writer, cell, 18, fns[name], baseline.mlp_eager, [x, w1, w2], grad_out, flops)
+            tiles = (lambda T=T: tiles_chosen(AUTOTUNERS, T)) if name in TRITON_VARIANTS else None
+            measure_tflops_cell(
+                writer, cell, 18, fns[name], baseline.mlp_eager, [x, w1, w2], grad_out, flops, tiles=tiles
+            )
     finish_sweep(writer)
 
 

@@ -162,6 +162,25 @@ def run_cell(writer: ResultWriter, cell: dict, width: int, measure: Callable[[],
         return None
 
 
+def tiles_chosen(autotuners: dict, tokens: int) -> str:
+    """What each autotuned kernel chose at ``tokens`` rows, for a row's ``tiles`` column: one
+    "name[flag=value,...]: BLOCK_M=...,warps=...,stages=..." entry per kernel and pass (the flags in
+    its autotuning key tell the passes apart; the sizes are left out). Every pass tuned at these
+    tokens so far is listed, so a variant's row may name a pass that another variant ran first.
+    Empty in the interpreter, which has one config and tunes nothing."""
+    sizes = {"T", "D_FF", "N_OUT", "D_IN"}
+    entries = []
+    for name, tuner in autotuners.items():
+        for key, config in tuner.cache.items():
+            values = dict(zip(tuner.keys, key, strict=False))  # the key ends with the arguments' dtypes
+            if values.get("T") != tokens:
+                continue
+            flags = ",".join(f"{k}={int(v)}" for k, v in values.items() if k not in sizes)
+            tiles = ",".join(f"{k}={v}" for k, v in config.kwargs.items())
+            entries.append(f"{name}[{flags}]: {tiles},warps={config.num_warps},stages={config.num_stages}")
+    return "; ".join(entries)
+
+
 def measure_tflops_cell(
     writer: ResultWriter,
     cell: dict,
@@ -171,13 +190,16 @@ def measure_tflops_cell(
     inputs: list[Tensor],
     grad_out: Tensor,
     flops: float,
+    tiles: Callable[[], str] | None = None,
 ) -> None:
-    """One GEMM-bound cell (phases 06, 07): errors, times, memory and model TFLOP/s, written and printed."""
+    """One GEMM-bound cell (phases 06, 07): errors, times, memory and model TFLOP/s, written and printed;
+    ``tiles`` says, once the cell is measured, which tiles its Triton kernels ran (``tiles_chosen``)."""
     result = run_cell(writer, cell, width, lambda: check_and_measure(fn, reference, inputs, grad_out))
     if result is None:
         return
     tflops = flops / (result["fwd_bwd_ms"] * 1e-3) / 1e12
-    writer.write({**cell, **result, "fwd_bwd_tflops": tflops})
+    chosen = {"tiles": tiles()} if tiles else {}
+    writer.write({**cell, **result, "fwd_bwd_tflops": tflops, **chosen})
     print(
         f"  {cell['variant']:{width}s} fwd {result['fwd_ms']:8.3f}  bwd {result['bwd_ms']:8.3f}  fwd+bwd "
         f"{result['fwd_bwd_ms']:8.3f} ms  {tflops:6.1f} TFLOP/s  saved {result['saved_mb']:8.1f} MB  "

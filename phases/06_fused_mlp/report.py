@@ -69,9 +69,20 @@ def render_sweep(
         "\n## All cells\n",
         markdown_table(ok, columns),
         fig.line_plot(ok.loc[~ok["variant"].isin(unplotted)], x=size, series="variant", logx=True, **plot),
+        _tiles_table(ok),
         failures_table(df),
     ]
     return "\n".join(parts)
+
+
+def _tiles_table(ok: pd.DataFrame) -> str:
+    """The tiles the autotuner chose for each Triton cell, where the rows record them."""
+    if "tiles" not in ok.columns:
+        return ""
+    tuned = ok.loc[ok["tiles"].fillna("").astype(str) != ""]
+    if tuned.empty:
+        return ""
+    return "\n## Tiles the autotuner chose\n\n" + markdown_table(tuned, ["shape", "variant", "tiles"])
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:

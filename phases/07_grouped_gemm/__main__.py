@@ -21,11 +21,13 @@ import torch
 
 from common import ON_GPU
 
-from .kernel import gmm_heads, gmm_heads_bmm
+from .kernel import gmm_heads, gmm_heads_bmm, heads_fwd, heads_hidden_bwd
 
 PHASE = "07_grouped_gemm"
 baseline = importlib.import_module("phases.01_baseline")
 sweep = importlib.import_module("phases.06_fused_mlp.bench")
+TRITON_VARIANTS = {"grouped", "grouped-save", "grouped+nll"}  # their rows name the tiles they ran
+AUTOTUNERS = {"fwd": heads_fwd, "hidden": heads_hidden_bwd}
 loss_kernel = importlib.import_module("phases.08_gmm_logprob")
 
 
@@ -77,7 +79,10 @@ def main(argv=None) -> None:
             with_loss = name == "grouped+nll"
             reference = heads_then_loss(y) if with_loss else baseline.gmm_heads_loop
             grad_out = torch.ones((), device=device) if with_loss else grad_heads
-            sweep.measure_tflops_cell(writer, cell, 12, fns[name], reference, [z, w1, w2], grad_out, flops)
+            tiles = (lambda T=T: sweep.tiles_chosen(AUTOTUNERS, T)) if name in TRITON_VARIANTS else None
+            sweep.measure_tflops_cell(
+                writer, cell, 12, fns[name], reference, [z, w1, w2], grad_out, flops, tiles=tiles
+            )
     sweep.finish_sweep(writer)
 
 
