@@ -64,9 +64,11 @@ def launch_compiled(kernel, grid: tuple[int, int, int], args: tuple) -> None:
 class LaunchCache:
     """Direct launches per call signature: ``tune`` runs once per key, later calls launch its pick.
 
-    ``tune(tensors, *tune_args)`` returns ``(kernel, grid, other_args, info)``: the compiled kernel,
-    its 3-D grid, every argument after ``tensors`` (fixed by the signature, constexprs included)
-    and whatever the caller wants back from each launch (the config, the compiler's report).
+    ``tune(tensors, *tune_args)`` runs the kernel on ``tensors`` -- as ``kernel[grid](...)`` and an
+    autotuner's call both do, the autotuner after timing its candidates -- and returns
+    ``(kernel, grid, other_args, info)``: the compiled kernel, its 3-D grid, every argument after
+    ``tensors`` (fixed by the signature, constexprs included) and whatever the caller wants back
+    from each launch (the config, the compiler's report).
     """
 
     def __init__(self, tune):
@@ -75,8 +77,18 @@ class LaunchCache:
 
     def launch(self, key, tensors: tuple, *tune_args):
         launch = self._launches.get(key)
-        if launch is None:
+        if launch is None:  # tune has just run the kernel on these tensors
             launch = self._launches[key] = self._tune(tensors, *tune_args)
-        kernel, grid, other_args, info = launch
-        launch_compiled(kernel, grid, tensors + other_args)
-        return info
+        else:
+            kernel, grid, other_args, _ = launch
+            launch_compiled(kernel, grid, tensors + other_args)
+        return launch[3]
+
+
+def check_offset_range(name: str, rows: int, widest_row: int) -> None:
+    """Kernels that index rows with 32-bit offsets: refuse, rather than wrap around, when the widest
+    (rows, ·) matrix they address -- ``widest_row`` values a row, counted padded -- reaches 2**31."""
+    if rows * widest_row >= 2**31:
+        raise ValueError(
+            f"{name}: {rows} rows x {widest_row} values reach 2**31, past the kernels' 32-bit offsets"
+        )

@@ -29,6 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 import common  # the package imports it first: without a GPU it selects the interpreter
+from common.launch import check_offset_range
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -455,15 +456,6 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype
-
-
-def check_offset_range(name: str, rows: int, widest_row: int) -> None:
-    """The kernels index rows with 32-bit offsets: refuse, rather than wrap around, when the widest
-    (rows, ·) matrix they address -- widest_row values a row, counted padded -- reaches 2**31."""
-    if rows * widest_row >= 2**31:
-        raise ValueError(
-            f"{name}: {rows} rows x {widest_row} values reach 2**31, past the kernels' 32-bit offsets"
-        )
 
 
 def check_mlp_inputs(x: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor, Tensor]:

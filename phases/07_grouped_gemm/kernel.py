@@ -22,6 +22,7 @@ import triton
 from torch import Tensor
 
 import common  # the package imports it first: without a GPU it selects the interpreter
+from common.launch import check_offset_range
 
 _mlp = importlib.import_module("phases.06_fused_mlp")
 _mlp_kernel = importlib.import_module("phases.06_fused_mlp.kernel")
@@ -165,7 +166,7 @@ def check_heads_inputs(z: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tenso
         raise ValueError(
             f"z: expected T >= 1 rows and a model dim that is a multiple of 16, got {tuple(z.shape)}"
         )
-    _mlp_kernel.check_offset_range("z", T, max(D, G * (-(-F // 16) * 16)))  # the (T, G·F) hidden layer
+    check_offset_range("z", T, max(D, G * (-(-F // 16) * 16)))  # the (T, G·F) hidden layer
     dtype = _mlp.compute_dtype(z)
     if not torch.is_autocast_enabled(z.device.type) and not (z.dtype == w1.dtype == w2.dtype):
         raise ValueError(f"dtypes: z {z.dtype}, w1 {w1.dtype} and w2 {w2.dtype} must match outside autocast")

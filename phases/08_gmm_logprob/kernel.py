@@ -37,7 +37,7 @@ import triton.language as tl
 from torch import Tensor
 
 import common  # the package imports it first: without a GPU it selects the interpreter
-from common.launch import constexpr_tail, launch_compiled, signature_key
+from common.launch import LaunchCache, check_offset_range, constexpr_tail, signature_key
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 LOG2E = math.log2(math.e)
@@ -243,7 +243,6 @@ FWD_BLOCK_T, FWD_WARPS, FWD_PROGRAMS_PER_SM = 64, 2, 16
 BWD_BLOCK_T, BWD_WARPS = 64, 2
 BLOCK_P = 1024  # partial sums the last program adds at a time
 _COUNTERS: dict = {}
-_COMPILED: dict = {}
 
 
 def _counter(device: torch.device) -> Tensor:
@@ -284,8 +283,7 @@ def _check(params: Tensor, y: Tensor) -> Tensor:
         )
     if K > 64:
         raise ValueError(f"params: at most 64 mixture components are supported, got K={K}")
-    if T * K * 3 >= 2**31:  # the kernels index params with 32-bit offsets
-        raise ValueError(f"params: at most 2**31 - 1 values (T·K·3) are supported, got T={T}, K={K}")
+    check_offset_range("params", T, 3 * K)
     if params.dtype not in SUPPORTED_DTYPES:
         raise ValueError(
             f"params: dtype must be float32 or bfloat16 (fp16 gradients overflow), got {params.dtype}"
@@ -315,24 +313,31 @@ def _launch_constants(K: int, block_t: int, num_warps: int) -> dict:
     }
 
 
-def _launch(kernel, n_programs: int, args: tuple, constexprs: dict, layouts: tuple) -> None:
-    """``kernel[(n_programs,)](*args, **constexprs)`` with Triton's per-call host work done once.
+def _compile_and_launch(tensors: tuple, kernel, n_programs: int, scalars: tuple, constexprs: dict) -> tuple:
+    """The first launch of a signature, through Triton's launcher; what ``LaunchCache`` keeps."""
+    compiled = kernel[(n_programs,)](*tensors, *scalars, **constexprs)
+    tail = scalars + constexpr_tail(kernel, len(tensors) + len(scalars), constexprs)
+    return compiled, (n_programs, 1, 1), tail, None
 
-    Triton's launcher re-derives on every call how each argument specialises the binary; here every
-    argument follows from the layouts of the ``layouts`` tensors (the rest are fresh buffers of
-    ours) and the tile constants, so the compiled kernel is kept under those and launched directly
-    (common/launch.py): 2-10 µs less host time a launch, where an autograd step's host time is
-    close to the kernels' 0.28 ms at T = 4M (README, session 3).
-    """
+
+# Triton's launcher re-derives on every call how each argument specialises the binary; here every
+# argument follows from the layouts of the caller's tensors (the rest are fresh buffers of ours)
+# and the tile constants, so the compiled kernel is kept under those and launched directly
+# (common/launch.py): 2-10 µs less host time a launch, where an autograd step's host time is close
+# to the kernels' 0.28 ms at T = 4M (README, session 3).
+_LAUNCHES = LaunchCache(_compile_and_launch)
+
+
+def _launch(
+    kernel, n_programs: int, tensors: tuple, scalars: tuple, constexprs: dict, layouts: tuple
+) -> None:
+    """``kernel[(n_programs,)](*tensors, *scalars, **constexprs)``, with Triton's per-call host work
+    done once per ``layouts`` (the caller's tensors, whose layouts fix the grid and the scalars)."""
     if not common.ON_GPU:
-        kernel[(n_programs,)](*args, **constexprs)
+        kernel[(n_programs,)](*tensors, *scalars, **constexprs)
         return
     key = (kernel, signature_key(*layouts), constexprs["BLOCK_T"], constexprs["num_warps"])
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        _COMPILED[key] = kernel[(n_programs,)](*args, **constexprs)
-    else:
-        launch_compiled(compiled, (n_programs, 1, 1), args + constexpr_tail(kernel, len(args), constexprs))
+    _LAUNCHES.launch(key, tensors, kernel, n_programs, scalars, constexprs)
 
 
 def _forward(params: Tensor, y: Tensor) -> Tensor:
@@ -341,9 +346,9 @@ def _forward(params: Tensor, y: Tensor) -> Tensor:
     n_programs = _n_programs(T, params.device)
     partials = torch.empty(n_programs, dtype=torch.int32, device=params.device)
     loss = torch.empty((), dtype=torch.float32, device=params.device)
-    args = (params, y, partials, _counter(params.device), loss, T, y.stride(0), 1.0 / T)
+    tensors = (params, y, partials, _counter(params.device), loss)
     constexprs = {"BLOCK_P": BLOCK_P, **_launch_constants(K, FWD_BLOCK_T, FWD_WARPS)}
-    _launch(gmm_nll_fwd_kernel, n_programs, args, constexprs, (params, y))
+    _launch(gmm_nll_fwd_kernel, n_programs, tensors, (T, y.stride(0), 1.0 / T), constexprs, (params, y))
     return loss
 
 
@@ -352,9 +357,12 @@ def _backward(params: Tensor, y: Tensor, grad_loss: Tensor) -> Tensor:
     T, K, _ = params.shape
     dparams = torch.empty((T, K, 3), dtype=params.dtype, device=params.device)
     grad_loss = grad_loss.float().contiguous()
-    args = (params, y, grad_loss, dparams, T, y.stride(0), 1.0 / T)
+    tensors = (params, y, grad_loss, dparams)
     constexprs = _launch_constants(K, BWD_BLOCK_T, BWD_WARPS)
-    _launch(gmm_nll_bwd_kernel, triton.cdiv(T, BWD_BLOCK_T), args, constexprs, (params, y, grad_loss))
+    scalars = (T, y.stride(0), 1.0 / T)
+    _launch(
+        gmm_nll_bwd_kernel, triton.cdiv(T, BWD_BLOCK_T), tensors, scalars, constexprs, (params, y, grad_loss)
+    )
     return dparams
 
 

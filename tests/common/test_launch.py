@@ -4,8 +4,9 @@ import threading
 
 import torch
 
+import common.launch as launch_module
 from common import DEVICE
-from common.launch import constexpr_tail, signature_key, use_descriptor_scratch
+from common.launch import LaunchCache, constexpr_tail, signature_key, use_descriptor_scratch
 
 
 def test_signature_key_tells_apart_what_specialises_a_kernel():
@@ -42,3 +43,20 @@ def test_descriptor_scratch_is_set_in_the_calling_thread():
     assert seen["before"] is not seen["after"]
     buffer = seen["after"](64, 128, None)
     assert buffer.numel() == 64 and buffer.device.type == DEVICE.type
+
+
+def test_launch_cache_tunes_once_per_key_and_launches_directly_after(monkeypatch):
+    launched, tuned = [], []
+    monkeypatch.setattr(launch_module, "launch_compiled", lambda *call: launched.append(call))
+
+    def tune(tensors, extra):  # stands for an autotuner call: it has run the kernel on tensors
+        tuned.append((tensors, extra))
+        return "binary", (7, 1, 1), (extra, "CONST"), f"config-{extra}"
+
+    cache = LaunchCache(tune)
+    assert cache.launch("a", ("x",), 1) == "config-1"
+    assert tuned == [(("x",), 1)] and launched == []  # the miss ran the kernel once, through tune
+    assert cache.launch("a", ("y",), 2) == "config-1"  # a hit: tune_args unused, no tuning
+    assert cache.launch("b", ("z",), 3) == "config-3"
+    assert len(tuned) == 2
+    assert launched == [("binary", (7, 1, 1), ("y", 1, "CONST"))]
