@@ -147,3 +147,18 @@ def misaligned_inputs(B, H, Lq, Lk, D, dtype, device):
     flat = torch.randn(sum(sizes) + 1, dtype=dtype, device=device)[1:]
     q, k, v = flat.split(sizes)
     return q.view(B, H, Lq, D), k.view(B, H, Lk, D), v.view(B, H, Lk, D)
+
+
+def misaligned_gradient_error(attention, B, H, Lq, Lk, D, dtype, device, scale: float | None = None) -> float:
+    """The largest error of ``attention``'s dQ, dK, dV on ``misaligned_inputs``, relative to the
+    largest float64 gradient (floored at 1): what a backward launched from a cache keyed on the
+    inputs' layouts must still get right when the alignment or the scale changes."""
+    q, k, v = (t.requires_grad_() for t in misaligned_inputs(B, H, Lq, Lk, D, dtype, device))
+    do = torch.randn_like(q)
+    grads = torch.autograd.grad(attention(q, k, v, scale), (q, k, v), do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    grads64 = torch.autograd.grad(reference_attention(q64, k64, v64, scale)[0], (q64, k64, v64), do.double())
+    return max(
+        (g.double() - g64).abs().max().item() / max(g64.abs().max().item(), 1)
+        for g, g64 in zip(grads, grads64, strict=True)
+    )

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from common import ON_GPU
+from common.launch import LaunchCache, constexpr_tail, signature_key
 
 fwd = importlib.import_module("phases.02_attn_fwd")
 
@@ -452,14 +453,33 @@ _dkdv_autotuned = fwd.autotuned(_dkdv_kernel, DKDV_SEARCH_SPACE, prune_wide)
 _dq_autotuned = fwd.autotuned(_dq_kernel, DQ_SEARCH_SPACE, prune_wide)
 
 
+_LAST_CONFIGS: dict = {}  # the configs of the latest backward's two launches
+
+
 def last_backward_configs() -> dict:
     if not ON_GPU:
         fixed = fwd.chosen_config(None, INTERPRETER_CONFIG)
         return {"dkdv_config": fixed, "dq_config": fixed}
-    return {
-        "dkdv_config": fwd.chosen_config(_dkdv_autotuned.best_config),
-        "dq_config": fwd.chosen_config(_dq_autotuned.best_config),
-    }
+    return {name: fwd.chosen_config(_LAST_CONFIGS.get(name)) for name in ("dkdv_config", "dq_config")}
+
+
+def _autotune(tensors: tuple, kernel, grid, shape_args: tuple, meta: dict) -> tuple:
+    """The first launch of a call signature, through the autotuner; what a direct launch needs
+    later: the compiled kernel, its 3-D grid, every argument after ``tensors`` and the config."""
+    compiled = kernel[grid](*tensors, *shape_args, **meta)
+    config = kernel.best_config
+    n_args = len(tensors) + len(shape_args)
+    tail = shape_args + constexpr_tail(kernel.fn, n_args, {**meta, **config.kwargs})
+    grid3 = (*grid(config.kwargs), 1, 1)[:3]
+    return compiled, grid3, tail, config
+
+
+# Per kernel and call signature (shapes, strides, dtypes and alignment of q, k, v, dO): the compiled
+# kernel the autotuner chose, launched directly on later calls. Every other argument is a buffer of
+# ours whose layout follows from those shapes, or an integer derived from them; the scales travel
+# with the tensors, so a new scale needs no new entry. The autotuner's and Triton's per-call binding
+# of ~40 arguments is host time that shows at the small shape (phase 04, note 9).
+_LAUNCHES = LaunchCache(_autotune)
 
 
 # --- the host side -----------------------------------------------------------------------------
@@ -537,53 +557,33 @@ def attention_backward(q, k, v, o, lse, do, scale: float):
     q_chunk = plan_query_chunks(Lq, Lk, B * H)
     n_chunks = triton.cdiv(Lq, q_chunk)
     grads, partials = key_grad_buffers(k, n_chunks)
+    dq = like_q_layout(q)
     buckets = (fwd.shape_bucket(Lq), fwd.shape_bucket(Lk))
     common_strides = (*fwd.strides4(q), *fwd.strides4(k), *fwd.strides4(v), *fwd.strides4(do))
-    dkdv_args = (
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        partials[:, 0],
-        partials[:, 1],
-        scale,
-        qk_scale,
-        *common_strides,
-        *partial_strides(partials),
-        H,
-        Lq,
-        Lk,
-        q_chunk,
-        *buckets,
-    )
-    dq = like_q_layout(q)
-    dq_args = (
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        scale,
-        qk_scale,
-        *common_strides,
-        *fwd.strides4(dq),
-        H,
-        Lq,
-        Lk,
-        *buckets,
-    )
+    dkdv_tensors = (q, k, v, do, lse, delta, partials[:, 0], partials[:, 1], scale, qk_scale)
+    dkdv_shape = (*common_strides, *partial_strides(partials), H, Lq, Lk, q_chunk, *buckets)
+    dq_tensors = (q, k, v, do, lse, delta, dq, scale, qk_scale)
+    dq_shape = (*common_strides, *fwd.strides4(dq), H, Lq, Lk, *buckets)
     meta = {"HEAD_DIM": D, "DOT_PRECISION": precision}
+
+    def dkdv_grid(c):
+        return (triton.cdiv(Lk, c["BLOCK_N"]), n_chunks, B * H)
+
+    def dq_grid(c):
+        return (triton.cdiv(Lq, c["BLOCK_M"]), B * H)
+
     if ON_GPU:
-        _dkdv_autotuned[lambda c: (triton.cdiv(Lk, c["BLOCK_N"]), n_chunks, B * H)](*dkdv_args, **meta)
-        _dq_autotuned[lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H)](*dq_args, **meta)
+        signature = signature_key(q, k, v, do)
+        _LAST_CONFIGS["dkdv_config"] = _LAUNCHES.launch(
+            (_dkdv_kernel, signature), dkdv_tensors, _dkdv_autotuned, dkdv_grid, dkdv_shape, meta
+        )
+        _LAST_CONFIGS["dq_config"] = _LAUNCHES.launch(
+            (_dq_kernel, signature), dq_tensors, _dq_autotuned, dq_grid, dq_shape, meta
+        )
     else:
         cfg = INTERPRETER_CONFIG
-        _dkdv_kernel[(triton.cdiv(Lk, cfg["BLOCK_N"]), n_chunks, B * H)](*dkdv_args, **meta, **cfg)
-        _dq_kernel[(triton.cdiv(Lq, cfg["BLOCK_M"]), B * H)](*dq_args, **meta, **cfg)
+        _dkdv_kernel[dkdv_grid(cfg)](*dkdv_tensors, *dkdv_shape, **meta, **cfg)
+        _dq_kernel[dq_grid(cfg)](*dq_tensors, *dq_shape, **meta, **cfg)
     reduce_key_grads(partials, grads)
     return dq, grads[0], grads[1]
 

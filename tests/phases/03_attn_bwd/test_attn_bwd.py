@@ -82,3 +82,17 @@ def test_plugged_into_the_model_matches_sdpa_bf16_on_gpu():
 def test_mid_shape_matches_sdpa_on_gpu():
     errors = ref.errors_against_sdpa(bwd.attention, B=4, H=8, Lq=11_000, Lk=10_000)
     assert errors["o"] < 1e-2 and max(errors["dq"], errors["dk"], errors["dv"]) < 3e-2, errors
+
+
+@pytest.mark.gpu
+def test_direct_launches_follow_alignment_and_scale_on_gpu():
+    # After the first call of a signature both kernels are launched directly from a cache keyed on
+    # the layouts of q, k, v, do: a misaligned view must get its own entry, and a new scale must reach
+    # the cached launch.
+    B, H, Lq, Lk, D = 1, 2, 100, 70, 64
+    ref.gradient_errors(bwd.attention, B, H, Lq, Lk, D, torch.bfloat16, common.DEVICE)  # aligned
+    for scale in (None, None, 0.05):
+        error = ref.misaligned_gradient_error(
+            bwd.attention, B, H, Lq, Lk, D, torch.bfloat16, common.DEVICE, scale
+        )
+        assert error < TOLERANCE[torch.bfloat16], (scale, error)
