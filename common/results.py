@@ -56,11 +56,12 @@ class ResultWriter:
     computed between rows of the same group.
     """
 
-    def __init__(self, phase: str, run_id: str | None = None):
+    def __init__(self, phase: str, run_id: str | None = None, subdir: str = ""):
         self.phase = phase
         self.run_id = run_id or _run_id()
         self.run_group = os.environ.get("SLURM_ARRAY_JOB_ID") or self.run_id
-        self.path = data_dir() / phase / f"{self.run_id}.csv"
+        # A subdir keeps rows of another kind (profiles) out of the phase's benchmark tables.
+        self.path = data_dir() / phase / subdir / f"{self.run_id}.csv"
         self.rows: list[dict] = []
 
     def write(self, row: dict) -> dict:

@@ -2,6 +2,8 @@
 
 import importlib
 
+from common.ncu import render_profile
+
 render_attention = importlib.import_module("phases.02_attn_fwd.report").render_attention
 
 GOALS = [
@@ -13,4 +15,5 @@ GOALS = [
 
 
 def render(df, fig):
-    return render_attention(df, fig, title="Forward + fused backward", goals=GOALS)
+    profile = render_profile("04_fused_attn", df["gpu"].iloc[0])
+    return render_attention(df, fig, title="Forward + fused backward", goals=GOALS) + profile

@@ -2,6 +2,7 @@
 
 import pandas as pd
 
+from common.ncu import render_profile
 from common.report import Figures, add_speedup, failures_table, markdown_table, select_latest
 
 KEYS = ["bench", "variant", "shape", "dtype", "pass", "causal"]
@@ -223,5 +224,6 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
             df[col] = default
     df = select_latest(df, KEYS)
     flash = df.loc[df["bench"] == "flash"]
-    parts = [_goals(flash), _flash(flash, fig), _naive(df), _compile(df), _tune(df)]
+    profile = render_profile("flash2", df["gpu"].iloc[0])
+    parts = [_goals(flash), _flash(flash, fig), profile, _naive(df), _compile(df), _tune(df)]
     return "\n".join(p for p in parts if p) + failures_table(df)

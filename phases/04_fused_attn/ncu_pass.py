@@ -1,0 +1,44 @@
+"""One forward + backward each of SDPA cuDNN, phase 03 and phase 04, for Nsight Compute.
+
+    ncu --clock-control none --profile-from-start off --nvtx --section SpeedOfLight \\
+        --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \\
+        --section WarpStateStats -o /tmp/attn python -m phases.04_fused_attn.ncu_pass --shape mid
+    python -m common.ncu /tmp/attn.ncu-rep --phase 04_fused_attn --shape mid
+
+The rows land in reports/data/04_fused_attn/ncu/ and the report's "Where the time goes" table.
+"""
+
+import argparse
+import importlib
+from functools import partial
+
+from common import ON_GPU, resolve_shape
+from common.ncu import profile_once
+
+from .fused import attention
+
+benchmark = importlib.import_module("phases.02_attn_fwd.benchmark")
+two_pass = importlib.import_module("phases.03_attn_bwd")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m phases.04_fused_attn.ncu_pass")
+    parser.add_argument("--shape", default="mid")
+    args = parser.parse_args(argv)
+    if not ON_GPU:
+        raise SystemExit("ncu_pass: needs a CUDA GPU (and ncu around it)")
+    q, k, v, do = benchmark.make_inputs(
+        benchmark.tnp_case(resolve_shape(args.shape)), benchmark.DTYPE, grad=True
+    )
+    impls = {
+        "sdpa-cudnn": benchmark.sdpa_variants()["sdpa-cudnn"],
+        "triton-2pass": two_pass.attention,
+        "triton-fused": attention,
+    }
+    profile_once(
+        {name: partial(benchmark.run_case, fn, q, k, v, do, backward=True) for name, fn in impls.items()}
+    )
+
+
+if __name__ == "__main__":
+    main()
