@@ -39,7 +39,16 @@ METRICS = {
     "launch__occupancy_limit_registers": "blocks_per_sm",
     "sass__inst_executed_register_spilling": "spill_instructions",
 }
-TIME_UNITS_MS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+TIME_UNITS_MS = {
+    "ns": 1e-6,
+    "us": 1e-3,
+    "ms": 1.0,
+    "s": 1e3,
+    "nsecond": 1e-6,
+    "usecond": 1e-3,
+    "msecond": 1.0,
+    "second": 1e3,
+}
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 NVTX_RANGE = re.compile(r"<default domain>:([^:]+):")
 SUBDIR = "ncu"

@@ -19,7 +19,7 @@ HEADER = [
     "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
     "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
 ]
-UNITS = ["", "", "", "", "", "usecond", "%", "", "", ""]
+UNITS = ["", "", "", "", "", "us", "%", "", "", ""]
 
 
 def raw_csv(*rows) -> str:
