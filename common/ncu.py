@@ -2,7 +2,7 @@
 
     ncu --clock-control none --profile-from-start off --nvtx \\
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \\
-        --section LaunchStats --section WarpStateStats -o /tmp/prof python -m phases.<phase>.ncu_pass
+        --section LaunchStats --section WarpStateStats --section SchedulerStats -o /tmp/prof python -m phases.<phase>.ncu_pass
     python -m common.ncu /tmp/prof.ncu-rep --phase <phase> --shape mid
 
 A phase's ``ncu_pass`` module hands its calls to ``profile_once``: each runs a few times first
@@ -11,7 +11,8 @@ cudaProfilerStop, inside an NVTX range named after it. The second command reads 
 (``ncu --import ... --csv --page raw``) and writes one row per kernel under
 ``reports/data/<phase>/ncu/``: the call that launched it, its time, how busy the tensor cores and
 the exponential unit (XU) were, how often a scheduler issued, registers, spilled-register
-instructions and the largest stall reasons. ``render_profile`` is a report's table of them.
+instructions and the largest stall reasons (a counter the chosen sections did not collect is left out).
+``render_profile`` is a report's table of them.
 Clocks are left as they are (``--clock-control none``), so times match the benchmarks'.
 """
 
@@ -117,8 +118,8 @@ def render_profile(phase: str, gpu: str) -> str:
         "\n## Where the time goes (Nsight Compute)\n\n"
         f"One call of each implementation at {first['shape']}, {first['dtype']} (commit {first['git_commit']}, "
         f"{first['utc']}), profiled with `common/ncu.py`'s two steps. `tensor_pct`, `xu_pct` (exponentials) "
-        "and `fma_pct`: how busy those pipes were while the SMs were active; `issue_pct`: how often a "
-        "scheduler issued an instruction; `blocks_per_sm`: the programs per SM that the registers allow; "
+        "and `fma_pct`: how busy those pipes were while the SMs were active; `issue_pct` (where collected): how "
+        "often a scheduler issued an instruction; `blocks_per_sm`: the programs per SM that the registers allow; "
         "`stalls`: the largest reasons a warp waited, in cycles per issued instruction.\n\n"
         + markdown_table(newest, [c for c in COLUMNS if c in newest])
     )

@@ -2,7 +2,7 @@
 
     ncu --clock-control none --profile-from-start off --nvtx --section SpeedOfLight \\
         --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \\
-        --section WarpStateStats -o /tmp/attn python -m phases.04_fused_attn.ncu_pass --shape mid
+        --section WarpStateStats --section SchedulerStats -o /tmp/attn python -m phases.04_fused_attn.ncu_pass --shape mid
     python -m common.ncu /tmp/attn.ncu-rep --phase 04_fused_attn --shape mid
 
 The rows land in reports/data/04_fused_attn/ncu/ and the report's "Where the time goes" table.

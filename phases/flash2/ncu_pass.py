@@ -3,7 +3,7 @@ shape (16, 16384, 64), for Nsight Compute.
 
     ncu --clock-control none --profile-from-start off --nvtx --section SpeedOfLight \\
         --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \\
-        --section WarpStateStats -o /tmp/flash2 python -m phases.flash2.ncu_pass
+        --section WarpStateStats --section SchedulerStats -o /tmp/flash2 python -m phases.flash2.ncu_pass
     python -m common.ncu /tmp/flash2.ncu-rep --phase flash2 --shape "B=16 N=16384 D=64"
 
 The rows land in reports/data/flash2/ncu/ and the report's "Where the time goes" table.
