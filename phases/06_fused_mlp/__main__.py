@@ -44,7 +44,7 @@ def variants() -> dict:
     return {
         "eager": baseline.mlp_eager,
         "compile": torch.compile(baseline.mlp_eager, dynamic=False),
-        "fused": fused_mlp,
+        "fused": lambda x, w1, w2: fused_mlp(x, w1, w2, save_preactivation=True),
         "fused-recompute": lambda x, w1, w2: fused_mlp(x, w1, w2, save_preactivation=False),
         "gemm-silu+cublas": gemm_silu_mlp,
         "padded-cublas": padded_cublas_mlp,

@@ -492,11 +492,13 @@ def check_mlp_inputs(x: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor,
     return x.reshape(-1, x.shape[-1]).to(dtype), w1.to(dtype), w2.to(dtype)
 
 
-def fused_mlp(x: Tensor, w1: Tensor, w2: Tensor, *, save_preactivation: bool = True) -> Tensor:
+def fused_mlp(x: Tensor, w1: Tensor, w2: Tensor, *, save_preactivation: bool = False) -> Tensor:
     """silu(x W1ᵀ) W2ᵀ with the forward in one Triton kernel; drop-in for phase 01's `mlp_eager`.
 
-    save_preactivation=True keeps a = x W1ᵀ (T·D_FF values) for the backward; False saves nothing
-    beyond the inputs and recomputes a inside the backward's hidden kernel.
+    By default nothing is saved beyond the inputs, and the backward's hidden kernel recomputes
+    a = x W1ᵀ: measured faster than saving a (the forward's store of a costs more than the
+    backward's extra GEMM: README, session 4) and 3.5× less memory kept for the backward.
+    save_preactivation=True keeps a (T·D_FF values) instead.
     """
     x2, w1, w2 = check_mlp_inputs(x, w1, w2)
     y = _FusedMLP.apply(x2, *pad_hidden(w1, w2), save_preactivation)
