@@ -420,7 +420,7 @@ def tune(
                 continue
             pass_ = "fwd" if kernel == "fwd" else "bwd"
             tflops = _tflops(batch, n, head_dim, causal, pass_, timing.ms)
-            table = cfg == tile_config(kernel, dtype, head_dim)
+            table = cfg == tile_config(kernel, dtype, head_dim, causal)
             writer.write({**cell, **timing.as_row(), "tflops": tflops, "in_table": table})
             print(
                 f"  tune {variant:26s} {cell['shape']}  {timing.ms:8.3f} ms  {tflops:6.1f} TF/s ({pass_})"

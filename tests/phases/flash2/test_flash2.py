@@ -220,6 +220,20 @@ def test_triton_interpreter_falls_back_to_block_pointers(poisoned):
     check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, True, TOL[torch.float32], lse_of)
 
 
+def test_non_causal_d128_backward_has_its_own_dkdv_tile(monkeypatch):
+    monkeypatch.setattr(flash_triton, "ON_GPU", True)  # the GPU table, read without a GPU
+    bf16 = torch.bfloat16
+    assert flash_triton.tile_config("dkdv", bf16, 128, causal=False) == flash_triton.TileConfig(32, 64, 4, 3)
+    assert (
+        flash_triton.tile_config("dkdv", bf16, 128, causal=True)
+        == flash_triton.GPU_CONFIGS[("dkdv", True, False)]
+    )
+    for kernel, head_dim, dtype in [("dq", 128, bf16), ("dkdv", 64, bf16), ("dkdv", 128, torch.float32)]:
+        assert flash_triton.tile_config(kernel, dtype, head_dim, causal=False) == flash_triton.tile_config(
+            kernel, dtype, head_dim, causal=True
+        )
+
+
 def test_flash_forward_rejects_unknown_loader():
     q, k, v, _ = make_inputs(1, 9, 9, 16, torch.float32, device=common.DEVICE.type)
     with pytest.raises(ValueError, match="loader: unknown"):
@@ -233,7 +247,9 @@ GPU_CASES = [
     (257, 257, True),
     (100, 1000, True),
     (1000, 100, True),
+    (1000, 100, False),
     (4096, 4096, True),
+    (4096, 4096, False),  # at d = 128 the non-causal dK/dV tile of its own
 ]
 
 
