@@ -73,13 +73,15 @@ def _goals(flash: pd.DataFrame) -> str:
     return "\n".join(out) + "\n"
 
 
-def _flash(flash: pd.DataFrame, fig: Figures) -> str:
+def _flash(flash: pd.DataFrame, fig: Figures, causal: bool) -> str:
     ok = _ok(flash)
     if ok.empty:
         return ""
+    kind = "causal" if causal else "non-causal"
     out = [
-        "## flash-bench: FlashAttention-2 (Triton) against naive PyTorch and SDPA\n",
-        "Causal, (B, N, D) with B = 65536 // N so every length fills the GPU, plus the goal shape. TFLOP/s count "
+        f"## flash-bench{'' if causal else ', non-causal'}: FlashAttention-2 (Triton) against naive PyTorch and SDPA\n",
+        f"{kind.capitalize()}, (B, N, D) with B = 65536 // N so every length fills the GPU"
+        f"{', plus the goal shape' if causal else ''}. TFLOP/s count "
         "the useful work (forward 4*B*P*D over the P attended pairs, backward 2.5x that), the same formula for every "
         "implementation. The forward is the training forward (it also writes the logsumexp). Every row passed an "
         "error check against SDPA's fp32 memory-efficient kernel first (columns err_*: max relative error). fp32 "
@@ -113,8 +115,8 @@ def _flash(flash: pd.DataFrame, fig: Figures) -> str:
                 x="seq",
                 y="tflops",
                 series="variant",
-                name=f"tflops_{dtype}_d{head_dim}_{pass_}",
-                title=f"{pass_}, causal {dtype}, d={head_dim}: TFLOP/s against sequence length",
+                name=f"tflops_{dtype}_d{head_dim}_{pass_}" + ("" if causal else "_noncausal"),
+                title=f"{pass_}, {kind} {dtype}, d={head_dim}: TFLOP/s against sequence length",
                 xlabel="sequence length N (B = 65536 // N)",
                 ylabel="TFLOP/s",
                 logx=True,
@@ -222,8 +224,11 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
     for col, default in (("bench", ""), ("pass", ""), ("causal", False)):
         if col not in df:
             df[col] = default
+    df["causal"] = df["causal"].astype(str).str.lower().isin(["true", "1"])
     df = select_latest(df, KEYS)
     flash = df.loc[df["bench"] == "flash"]
+    causal, non_causal = flash.loc[flash["causal"]], flash.loc[~flash["causal"]]
     profile = render_profile("flash2", df["gpu"].iloc[0])
-    parts = [_goals(flash), _flash(flash, fig), profile, _naive(df), _compile(df), _tune(df)]
+    parts = [_goals(causal), _flash(causal, fig, True), _flash(non_causal, fig, False), profile]
+    parts += [_naive(df), _compile(df), _tune(df)]
     return "\n".join(p for p in parts if p) + failures_table(df)
