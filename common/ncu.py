@@ -36,6 +36,7 @@ METRICS = {
     "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active": "xu_pct",
     "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active": "fma_pct",
     "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue_pct",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "l2_pct",
     "launch__registers_per_thread": "registers",
     "launch__occupancy_limit_registers": "blocks_per_sm",
     "sass__inst_executed_register_spilling": "spill_instructions",
@@ -119,7 +120,7 @@ def render_profile(phase: str, gpu: str) -> str:
         f"One call of each implementation at {first['shape']}, {first['dtype']} (commit {first['git_commit']}, "
         f"{first['utc']}), profiled with `common/ncu.py`'s two steps. `tensor_pct`, `xu_pct` (exponentials) "
         "and `fma_pct`: how busy those pipes were while the SMs were active; `issue_pct` (where collected): how "
-        "often a scheduler issued an instruction; `blocks_per_sm`: the programs per SM that the registers allow; "
+        "often a scheduler issued an instruction; `l2_pct`: L2 throughput against its peak; `blocks_per_sm`: the programs per SM that the registers allow; "
         "`stalls`: the largest reasons a warp waited, in cycles per issued instruction.\n\n"
         + markdown_table(newest, [c for c in COLUMNS if c in newest])
     )

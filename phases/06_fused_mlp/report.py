@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from common.ncu import render_profile
 from common.report import Figures, add_speedup, failures_table, markdown_table, select_latest
 
 KEYS = ["variant", "shape", "dtype"]
@@ -86,7 +87,7 @@ def _tiles_table(ok: pd.DataFrame) -> str:
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    return render_sweep(
+    sweep = render_sweep(
         df,
         fig,
         size="tokens",
@@ -107,3 +108,4 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
             "ylabel": "TFLOP/s",
         },
     )
+    return sweep + render_profile("06_fused_mlp", df["gpu"].iloc[0])

@@ -1,0 +1,45 @@
+"""One forward + backward each of torch.compile, the one-kernel forward and the two-kernel forward,
+for Nsight Compute (``common/ncu.py``).
+
+    ncu --clock-control none --profile-from-start off --nvtx --section SpeedOfLight \\
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \\
+        --section LaunchStats --section WarpStateStats --section SchedulerStats \\
+        -o /tmp/mlp python -m phases.06_fused_mlp.ncu_pass --shape mid
+    python -m common.ncu /tmp/mlp.ncu-rep --phase 06_fused_mlp --shape mid
+
+The rows land in reports/data/06_fused_mlp/ncu/ and the report's "Where the time goes" table.
+"""
+
+import argparse
+
+import torch
+
+from common import ON_GPU, resolve_shape
+from common.ncu import profile_once
+
+from .__main__ import variants
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m phases.06_fused_mlp.ncu_pass")
+    parser.add_argument("--shape", default="mid")
+    args = parser.parse_args(argv)
+    if not ON_GPU:
+        raise SystemExit("ncu_pass: needs a CUDA GPU (and ncu around it)")
+    T, d_model, d_ff = resolve_shape(args.shape).tokens, 512, 1365
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, d_model, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    w1 = (torch.randn(d_ff, d_model, device="cuda", generator=g) / d_model**0.5).bfloat16().requires_grad_()
+    w2 = (torch.randn(d_model, d_ff, device="cuda", generator=g) / d_ff**0.5).bfloat16().requires_grad_()
+    grad_out = torch.randn(T, d_model, device="cuda", dtype=torch.bfloat16, generator=g)
+    fns = variants()
+
+    def forward_backward(fn):
+        return torch.autograd.grad(fn(x, w1, w2), (x, w1, w2), grad_out)
+
+    names = ("compile", "fused-recompute", "gemm-silu+cublas")
+    profile_once({name: (lambda fn=fns[name]: forward_backward(fn)) for name in names})
+
+
+if __name__ == "__main__":
+    main()
