@@ -23,11 +23,10 @@ import re
 import subprocess
 from collections.abc import Callable
 
-import pandas as pd
 import torch
 
-from .report import markdown_table
-from .results import ResultWriter, data_dir
+from .report import load_phase, markdown_table
+from .results import ResultWriter
 
 # Raw metric names of Nsight Compute 2025 on sm_90, and the columns they become.
 METRICS = {
@@ -41,16 +40,7 @@ METRICS = {
     "launch__occupancy_limit_registers": "blocks_per_sm",
     "sass__inst_executed_register_spilling": "spill_instructions",
 }
-TIME_UNITS_MS = {
-    "ns": 1e-6,
-    "us": 1e-3,
-    "ms": 1.0,
-    "s": 1e3,
-    "nsecond": 1e-6,
-    "usecond": 1e-3,
-    "msecond": 1.0,
-    "second": 1e3,
-}
+TIME_UNITS_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 NVTX_RANGE = re.compile(r"<default domain>:([^:]+):")
 SUBDIR = "ncu"
@@ -108,8 +98,7 @@ def parse_raw(text: str, top_stalls: int = 3) -> list[dict]:
 
 def render_profile(phase: str, gpu: str) -> str:
     """The newest profile on ``gpu`` under reports/data/<phase>/ncu/, as markdown ("" if none)."""
-    files = sorted((data_dir() / phase / SUBDIR).glob("*.csv"))
-    df = pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+    df = load_phase(phase, SUBDIR)
     if df.empty or gpu not in set(df["gpu"]):
         return ""
     on_gpu = df.loc[df["gpu"] == gpu]

@@ -39,8 +39,8 @@ def write_atomically(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def load_phase(phase: str) -> pd.DataFrame:
-    """Every row ever written for ``phase``, across all its CSVs."""
+def load_phase(phase: str, subdir: str = "") -> pd.DataFrame:
+    """Every row ever written for ``phase`` (or its ``subdir``, as profiles are), across all its CSVs."""
     # Provenance columns are text even where they look like numbers ("13.0", a hex commit).
     text = {
         c: str
@@ -62,7 +62,7 @@ def load_phase(phase: str) -> pd.DataFrame:
     }
     frames = [
         pd.read_csv(p, dtype=text, keep_default_na=False, na_values=[""])
-        for p in sorted((data_dir() / phase).glob("*.csv"))
+        for p in sorted((data_dir() / phase / subdir).glob("*.csv"))
     ]
     frames = [f for f in frames if not f.empty]
     if not frames:

@@ -57,4 +57,5 @@ def test_the_report_table_shows_the_newest_profile_of_that_gpu(tmp_path, monkeyp
     gpu = writer.rows[0]["gpu"]
     table = render_profile("04_fused_attn", gpu)
     assert "Where the time goes" in table and "| 7 " in table and "| 9 " not in table
+    assert f"commit {writer.rows[0]['git_commit']}," in table  # read as text, never as a number
     assert render_profile("04_fused_attn", "another GPU") == ""
