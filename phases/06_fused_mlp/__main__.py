@@ -56,28 +56,35 @@ def parse_args(argv=None):
     return parse_sweep_args(parser, list(variants()), argv)
 
 
+# The real dims on a GPU; on the CPU the interpreter gets small ones (it runs, it measures nothing).
+D_MODEL, D_FF = (512, 1365) if ON_GPU else (64, 100)
+DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+
+
+def mlp_inputs(T: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Fresh random [x, w1, w2] (requiring grad, weights scaled by 1/sqrt(fan-in)) and an output gradient."""
+    device = "cuda" if ON_GPU else "cpu"
+    torch.manual_seed(0)
+    x = torch.randn(T, D_MODEL, device=device, dtype=DTYPE).requires_grad_()
+    w1 = (torch.randn(D_FF, D_MODEL, device=device, dtype=DTYPE) / D_MODEL**0.5).requires_grad_()
+    w2 = (torch.randn(D_MODEL, D_FF, device=device, dtype=DTYPE) / D_FF**0.5).requires_grad_()
+    return [x, w1, w2], torch.randn(T, D_MODEL, device=device, dtype=DTYPE)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     writer = start_sweep(PHASE)
-    # The real dims on a GPU; on the CPU the interpreter gets small ones (it runs, it measures nothing).
-    d_model, d_ff = (512, 1365) if ON_GPU else (64, 100)
-    dtype = torch.bfloat16 if ON_GPU else torch.float32
-    device = "cuda" if ON_GPU else "cpu"
     fns = variants()
     for shape in args.shapes:
         T = shape.tokens
-        torch.manual_seed(0)
-        x = torch.randn(T, d_model, device=device, dtype=dtype).requires_grad_()
-        w1 = (torch.randn(d_ff, d_model, device=device, dtype=dtype) / d_model**0.5).requires_grad_()
-        w2 = (torch.randn(d_model, d_ff, device=device, dtype=dtype) / d_ff**0.5).requires_grad_()
-        grad_out = torch.randn(T, d_model, device=device, dtype=dtype)
-        flops = 12 * T * d_model * d_ff
-        print(f"{shape.label()}: {T} tokens, d_model {d_model}, d_ff {d_ff}, {dtype}")
+        inputs, grad_out = mlp_inputs(T)
+        flops = 12 * T * D_MODEL * D_FF
+        print(f"{shape.label()}: {T} tokens, d_model {D_MODEL}, d_ff {D_FF}, {DTYPE}")
         for name in args.variants:
-            cell = sweep_cell(name, shape.name, dtype, tokens=T, d_model=d_model, d_ff=d_ff)
+            cell = sweep_cell(name, shape.name, DTYPE, tokens=T, d_model=D_MODEL, d_ff=D_FF)
             tiles = (lambda T=T: tiles_chosen(AUTOTUNERS, T)) if name in TRITON_VARIANTS else None
             measure_tflops_cell(
-                writer, cell, 18, fns[name], baseline.mlp_eager, [x, w1, w2], grad_out, flops, tiles=tiles
+                writer, cell, 18, fns[name], baseline.mlp_eager, inputs, grad_out, flops, tiles=tiles
             )
     finish_sweep(writer)
 

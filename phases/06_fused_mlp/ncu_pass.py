@@ -20,7 +20,7 @@ import torch
 from common import ON_GPU, resolve_shape
 from common.ncu import profile_once
 
-from .__main__ import variants
+from .__main__ import mlp_inputs, variants
 
 
 def main(argv=None) -> None:
@@ -29,12 +29,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if not ON_GPU:
         raise SystemExit("ncu_pass: needs a CUDA GPU (and ncu around it)")
-    T, d_model, d_ff = resolve_shape(args.shape).tokens, 512, 1365
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(T, d_model, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-    w1 = (torch.randn(d_ff, d_model, device="cuda", generator=g) / d_model**0.5).bfloat16().requires_grad_()
-    w2 = (torch.randn(d_model, d_ff, device="cuda", generator=g) / d_ff**0.5).bfloat16().requires_grad_()
-    grad_out = torch.randn(T, d_model, device="cuda", dtype=torch.bfloat16, generator=g)
+    (x, w1, w2), grad_out = mlp_inputs(resolve_shape(args.shape).tokens)
     fns = variants()
 
     def forward_backward(fn):

@@ -11,21 +11,18 @@ The rows land in reports/data/flash2/ncu/ and the report's "Where the time goes"
 
 import torch
 
-from common import DEVICE, ON_GPU
+from common import ON_GPU
 from common.ncu import profile_once
 
-from .bench import GOAL_SHAPE, attention_impls
+from .bench import GOAL_SHAPE, attention_impls, random_qkv
 
 
 def main() -> None:
     if not ON_GPU:
         raise SystemExit("ncu_pass: needs a CUDA GPU (and ncu around it)")
     batch, n, head_dim = GOAL_SHAPE
-    g = torch.Generator(device=DEVICE).manual_seed(0)
-    q, k, v, do = (
-        torch.randn(batch, n, head_dim, device=DEVICE, dtype=torch.bfloat16, generator=g) for _ in range(4)
-    )
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    q, k, v = random_qkv(batch, n, head_dim, torch.bfloat16)
+    do = torch.randn_like(q)
     impls = attention_impls(torch.bfloat16, n, causal=True)
 
     def forward_backward(fn):
