@@ -61,6 +61,20 @@ def launch_compiled(kernel, grid: tuple[int, int, int], args: tuple) -> None:
                knobs.runtime.launch_exit_hook, *args)  # fmt: skip
 
 
+def autotune_for_launch(tensors: tuple, autotuner, grid, shape_args: tuple, meta: dict) -> tuple:
+    """Run ``autotuner`` (a ``triton.autotune`` kernel) on ``tensors + shape_args`` and return what
+    ``LaunchCache`` keeps for later direct launches: the compiled kernel of the chosen config, its
+    3-D grid, every argument after ``tensors`` (constexprs included) and the config.
+
+    ``grid`` maps a config's keyword arguments to the launch grid, as for the autotuner itself.
+    """
+    compiled = autotuner[grid](*tensors, *shape_args, **meta)
+    config = autotuner.best_config
+    n_args = len(tensors) + len(shape_args)
+    tail = shape_args + constexpr_tail(autotuner.fn, n_args, {**meta, **config.kwargs})
+    return compiled, (*grid(config.kwargs), 1, 1)[:3], tail, config
+
+
 class LaunchCache:
     """Direct launches per call signature: ``tune`` runs once per key, later calls launch its pick.
 

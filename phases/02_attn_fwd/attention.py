@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from common import ON_GPU
-from common.launch import LaunchCache, constexpr_tail, signature_key, use_descriptor_scratch
+from common.launch import LaunchCache, autotune_for_launch, signature_key, use_descriptor_scratch
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -391,15 +391,11 @@ def _tune_forward(tensors: tuple, impl: str) -> tuple:
     compiled kernel, its grid, every argument after ``tensors`` (fixed by the signature), the config."""
     q, k, v, o = tensors[:4]
     B, H, Lq, D = q.shape
-    args = tensors + _shape_args(
-        q, k, v, o, IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else IMPL_CHOICE["blockptr"]
-    )
+    shape_args = _shape_args(q, k, v, o, IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else IMPL_CHOICE["blockptr"])
     meta = {"HEAD_DIM": D, "DOT_PRECISION": dot_precision(q.dtype)}
-    kernel = _fwd_autotuned[lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,)](*args, **meta)
-    config = _fwd_autotuned.best_config
-    grid = (triton.cdiv(Lq, config.kwargs["BLOCK_M"]) * B * H, 1, 1)
-    other_args = args[len(tensors) :] + constexpr_tail(_attn_fwd_kernel, len(args), {**meta, **config.kwargs})
-    return kernel, grid, other_args, config
+    return autotune_for_launch(
+        tensors, _fwd_autotuned, lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,), shape_args, meta
+    )
 
 
 # Per call signature (the strides, shapes, dtypes and alignment of q, k, v, and the loader): the

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from common import ON_GPU
-from common.launch import LaunchCache, constexpr_tail, signature_key
+from common.launch import LaunchCache, autotune_for_launch, signature_key
 
 fwd = importlib.import_module("phases.02_attn_fwd")
 
@@ -463,23 +463,12 @@ def last_backward_configs() -> dict:
     return {name: fwd.chosen_config(_LAST_CONFIGS.get(name)) for name in ("dkdv_config", "dq_config")}
 
 
-def _autotune(tensors: tuple, kernel, grid, shape_args: tuple, meta: dict) -> tuple:
-    """The first launch of a call signature, through the autotuner; what a direct launch needs
-    later: the compiled kernel, its 3-D grid, every argument after ``tensors`` and the config."""
-    compiled = kernel[grid](*tensors, *shape_args, **meta)
-    config = kernel.best_config
-    n_args = len(tensors) + len(shape_args)
-    tail = shape_args + constexpr_tail(kernel.fn, n_args, {**meta, **config.kwargs})
-    grid3 = (*grid(config.kwargs), 1, 1)[:3]
-    return compiled, grid3, tail, config
-
-
 # Per kernel and call signature (shapes, strides, dtypes and alignment of q, k, v, dO): the compiled
 # kernel the autotuner chose, launched directly on later calls. Every other argument is a buffer of
 # ours whose layout follows from those shapes, or an integer derived from them; the scales travel
 # with the tensors, so a new scale needs no new entry. The autotuner's and Triton's per-call binding
 # of ~40 arguments is host time that shows at the small shape (phase 04, note 9).
-_LAUNCHES = LaunchCache(_autotune)
+_LAUNCHES = LaunchCache(autotune_for_launch)
 
 
 # --- the host side -----------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources, PTXASError
 
 from common import ON_GPU
-from common.launch import LaunchCache, constexpr_tail, signature_key
+from common.launch import LaunchCache, autotune_for_launch, signature_key
 
 fwd = importlib.import_module("phases.02_attn_fwd")
 bwd = importlib.import_module("phases.03_attn_bwd")
@@ -249,16 +249,15 @@ def _tune(tensors: tuple, q_chunk: int, n_chunks: int) -> tuple:
     the compiler's report."""
     q, k = tensors[:2]
     (B, H, Lq, D), Lk = q.shape, k.shape[2]
-    args = tensors + _shape_args(tensors, q_chunk, n_chunks)
     meta = {"HEAD_DIM": D, "DOT_PRECISION": fwd.dot_precision(q.dtype)}
-    kernel = _fused_autotuned[lambda cfg: _grid(cfg, Lq, Lk, B * H, n_chunks)](*args, **meta)
-    config = _fused_autotuned.best_config
-    grid = _grid(config.kwargs, Lq, Lk, B * H, n_chunks)
-    report = {"config": config, "n_regs": kernel.n_regs, "n_spills": kernel.n_spills}
-    other_args = args[len(tensors) :] + constexpr_tail(
-        _fused_bwd_kernel, len(args), {**meta, **config.kwargs}
+    kernel, grid, other_args, config = autotune_for_launch(
+        tensors,
+        _fused_autotuned,
+        lambda cfg: _grid(cfg, Lq, Lk, B * H, n_chunks),
+        _shape_args(tensors, q_chunk, n_chunks),
+        meta,
     )
-    return kernel, grid, other_args, report
+    return kernel, grid, other_args, {"config": config, "n_regs": kernel.n_regs, "n_spills": kernel.n_spills}
 
 
 # Per call signature (shapes, strides, dtypes, alignment of q, k, v, do): the compiled kernel the

@@ -6,7 +6,13 @@ import torch
 
 import common.launch as launch_module
 from common import DEVICE
-from common.launch import LaunchCache, constexpr_tail, signature_key, use_descriptor_scratch
+from common.launch import (
+    LaunchCache,
+    autotune_for_launch,
+    constexpr_tail,
+    signature_key,
+    use_descriptor_scratch,
+)
 
 
 def test_signature_key_tells_apart_what_specialises_a_kernel():
@@ -25,6 +31,30 @@ def test_constexpr_tail_follows_the_kernel_parameter_order():
         arg_names = ["X", "n", "BLOCK", "EVEN"]
 
     assert constexpr_tail(Kernel, 2, {"EVEN": True, "BLOCK": 64, "unused": 1}) == (64, True)
+
+
+def test_autotune_for_launch_keeps_the_chosen_config_grid_and_arguments():
+    class Config:
+        kwargs = {"BLOCK": 64}
+
+    class Autotuner:  # what it needs of triton.autotune: indexing by a grid, best_config, fn
+        best_config = Config()
+
+        class fn:
+            arg_names = ["X", "scale", "n", "HEAD_DIM", "BLOCK"]
+
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                self.ran = (grid(self.best_config.kwargs), args, meta)
+                return "compiled"
+
+            return run
+
+    tuner = Autotuner()
+    x = torch.zeros(3)
+    kept = autotune_for_launch((x, 0.5), tuner, lambda c: (1000 // c["BLOCK"], 4), (1000,), {"HEAD_DIM": 16})
+    assert tuner.ran == ((15, 4), (x, 0.5, 1000), {"HEAD_DIM": 16})  # the autotuner ran the call
+    assert kept == ("compiled", (15, 4, 1), (1000, 16, 64), tuner.best_config)
 
 
 def test_descriptor_scratch_is_set_in_the_calling_thread():
