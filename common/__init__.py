@@ -9,7 +9,7 @@ from .memory import OutOfMemory, measure_peak_memory
 from .provenance import provenance
 from .results import ResultWriter, failure_row
 from .shapes import SHAPES, TNPShape, resolve_shape
-from .timing import StageTimer, Timing, bench, nvtx_range
+from .timing import StageTimer, Timing, bench, graph_replay, nvtx_range
 
 __all__ = [
     "DEVICE",
@@ -21,6 +21,7 @@ __all__ = [
     "TNPShape",
     "Timing",
     "bench",
+    "graph_replay",
     "describe_device",
     "failure_row",
     "interpreter_banner",

@@ -21,6 +21,7 @@ from common import (
     ResultWriter,
     bench,
     failure_row,
+    graph_replay,
     measure_peak_memory,
     resolve_shape,
 )
@@ -180,33 +181,6 @@ def measure(
         del inputs, ref
         if ON_GPU:
             torch.cuda.empty_cache()
-
-
-def graph_replay(call: Callable[[], tuple]) -> Callable[[], tuple]:
-    """``call`` captured in a CUDA graph on its first use; each later use replays the graph.
-
-    The first use runs ``call`` twice on a side stream (compiling and autotuning outside the
-    capture, as CUDA graphs require), then captures it. Outputs live in the graph's memory pool
-    and are overwritten by every replay.
-    """
-    captured = []
-
-    def replay():
-        if not captured:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                call(), call()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outputs = call()
-            captured.append((graph, outputs))
-        graph, outputs = captured[0]
-        graph.replay()
-        return outputs
-
-    return replay
 
 
 def _measure_cell(writer, cell, case, call, ref, backward, config_of) -> None:
