@@ -8,11 +8,15 @@ from .kernel import (
     fused_mlp,
     fused_mlp_fwd,
     fused_mlp_fwd_kernel,
+    fused_mlp_in_registers,
+    fused_mlp_staged,
+    fused_mlp_staged_kernel,
     gemm_silu_mlp,
     mlp_hidden,
     mlp_hidden_kernel,
     pad_hidden,
     padded_cublas_mlp,
+    silu_backward_kernel,
 )
 
 __all__ = [
@@ -21,9 +25,13 @@ __all__ = [
     "fused_mlp",
     "fused_mlp_fwd",
     "fused_mlp_fwd_kernel",
+    "fused_mlp_in_registers",
+    "fused_mlp_staged",
+    "fused_mlp_staged_kernel",
     "gemm_silu_mlp",
     "mlp_hidden",
     "mlp_hidden_kernel",
     "pad_hidden",
     "padded_cublas_mlp",
+    "silu_backward_kernel",
 ]

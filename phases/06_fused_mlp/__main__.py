@@ -6,8 +6,10 @@ At the MLP's token count of each TransformerNP shape (B·(M+N) tokens, d_model 5
 bf16) it measures, side by side in one run:
 - eager: phase 01's ``mlp_eager`` (two cuBLAS GEMMs and a SiLU kernel; autograd saves a and h),
 - compile: the same under ``torch.compile``,
-- fused: one Triton kernel forward (GEMM + SiLU + GEMM), the pre-activation a saved for backward,
-- fused-recompute: the same forward saving nothing; the backward recomputes a,
+- fused-recompute: ``fused_mlp`` as it comes: one Triton kernel forward (GEMM + SiLU + GEMM, each row
+  block's hidden layer staged in L2) saving nothing; the backward recomputes a,
+- fused: the same forward, the pre-activation a saved for the backward,
+- fused-registers: the one-kernel forward that keeps the hidden layer in registers, saving nothing,
 - gemm-silu+cublas: a Triton GEMM with a SiLU epilogue, then cuBLAS for the second GEMM,
 - padded-cublas: eager's two cuBLAS GEMMs and SiLU on weights with d_ff padded to 1376.
 The three Triton variants pad d_ff the same way (``pad_hidden``): 1365-long rows are not 16-byte
@@ -32,11 +34,24 @@ from .bench import (
     sweep_cell,
     tiles_chosen,
 )
-from .kernel import fused_mlp, fused_mlp_fwd, gemm_silu_mlp, mlp_hidden, padded_cublas_mlp
+from .kernel import (
+    fused_mlp,
+    fused_mlp_fwd,
+    fused_mlp_in_registers,
+    fused_mlp_staged,
+    gemm_silu_mlp,
+    mlp_hidden,
+    padded_cublas_mlp,
+)
 
 PHASE = "06_fused_mlp"
-TRITON_VARIANTS = {"fused", "fused-recompute", "gemm-silu+cublas"}  # their rows name the tiles they ran
-AUTOTUNERS = {"fwd": fused_mlp_fwd, "hidden": mlp_hidden}
+TRITON_VARIANTS = {
+    "fused",
+    "fused-recompute",
+    "fused-registers",
+    "gemm-silu+cublas",
+}  # their rows name the tiles they ran
+AUTOTUNERS = {"staged": fused_mlp_staged, "registers": fused_mlp_fwd, "hidden": mlp_hidden}
 baseline = importlib.import_module("phases.01_baseline")
 
 
@@ -46,6 +61,7 @@ def variants() -> dict:
         "compile": torch.compile(baseline.mlp_eager, dynamic=False),
         "fused": lambda x, w1, w2: fused_mlp(x, w1, w2, save_preactivation=True),
         "fused-recompute": lambda x, w1, w2: fused_mlp(x, w1, w2, save_preactivation=False),
+        "fused-registers": fused_mlp_in_registers,
         "gemm-silu+cublas": gemm_silu_mlp,
         "padded-cublas": padded_cublas_mlp,
     }

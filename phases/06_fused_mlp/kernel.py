@@ -1,14 +1,6 @@
-"""The MLP y = silu(x W1ᵀ) W2ᵀ as Triton kernels: a one-kernel forward, and the backward's hidden layer.
+"""The MLP y = silu(x W1ᵀ) W2ᵀ as Triton kernels: one-kernel forwards, and SiLU's backward.
 
-Shapes follow nn.Linear: x (T, D_IN), w1 (D_FF, D_IN), w2 (N_OUT, D_FF). Both kernels take an
-optional group axis (w1 (G, D_FF, D_IN), w2 (G, N_OUT, D_FF), one output slice per group) so that
-phase 07 runs its 10 mixture heads through the very same code.
-
-Forward, one kernel: a program owns BLOCK_M rows and BLOCK_N output columns. It walks the hidden
-dimension in chunks of BLOCK_F; for each chunk it computes the pre-activation a = x W1ᵀ (a short
-GEMM over D_IN), applies SiLU in registers and immediately multiplies by the matching slice of W2,
-accumulating y in registers. The hidden activation never reaches device memory, unless the caller
-asks to keep the pre-activation a for the backward.
+Shapes follow nn.Linear: x (T, D_IN), w1 (D_FF, D_IN), w2 (N_OUT, D_FF).
 
 d_ff = 1365 is not a multiple of 16, and a row of 1365 bf16 values is 2730 bytes: not 16-byte
 aligned, so neither Triton's vector loads nor cuBLAS's fast kernels can read W2's rows or the
@@ -17,16 +9,35 @@ columns of W2 on every call (2.8 MB of copies; autograd slices their gradients b
 silu(0) = 0, and the padding adds nothing to y. Measured on the H200 (README, note 6): cuBLAS takes
 726 µs for x W1ᵀ at T = 44 000 with 1365 rows, 98 µs with 1376.
 
-Backward, the hidden kernel: one GEMM-shaped pass over (rows, hidden units) that gets a (loaded, or
-recomputed from x and W1), computes dh = dy W2 and writes da = dh · silu'(a) and, if asked, h; the
-three weight/input gradient GEMMs that follow (dx = da W1, dW1 = daᵀ x, dW2 = dyᵀ h) are plain
-matrix products and go to cuBLAS.
+Two one-kernel forwards, the same arithmetic in a different place for the hidden layer:
+- **Hidden layer in registers** (``fused_mlp_fwd_kernel``): a program owns BLOCK_M rows and
+  BLOCK_N output columns and walks the hidden dimension in chunks; for each chunk it computes
+  a = x W1ᵀ, applies SiLU and multiplies by the matching slice of W2 at once, accumulating y in
+  registers. The hidden activation never leaves the SM. The catch is the accumulator: a 512-wide
+  output row block fills the register file at 64 rows, so the products run on small tiles with
+  nothing left to hide load latency (README, session 4). Phase 07 runs its 10 mixture heads
+  (N_OUT = 3 each: no such catch) through this kernel, with the group axis
+  (w1 (G, D_FF, D_IN), w2 (G, N_OUT, D_FF), one output slice per group).
+- **Hidden layer staged in L2** (``fused_mlp_staged_kernel``, the default): a persistent program
+  takes a block of 128 rows, computes its whole hidden row block h = silu(x W1ᵀ) tile by tile into
+  a scratch buffer of its own (128 × D_FF, 352 KB in bf16, 46 MB for all programs: it stays in the
+  50 MB L2), then multiplies it by W2ᵀ, and takes its next row block. Both products run on
+  128 × 256 tiles, as a plain GEMM would, in one launch; h goes no further than L2.
+
+Backward: a (saved, or recomputed by cuBLAS) and dh = dy W2 (cuBLAS) meet in one elementwise
+Triton kernel that writes da = dh · silu'(a) and h; dx = da W1, dW1 = daᵀ x and dW2 = dyᵀ h are
+cuBLAS GEMMs. (``mlp_hidden_kernel`` below fuses dh = dy W2 with that epilogue, which phase 07's
+3-wide heads want; at N_OUT = 512 its tiles run slower than cuBLAS's GEMM and the separate pass:
+README, session 5.)
 """
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import common  # the package imports it first: without a GPU it selects the interpreter
 from common.launch import check_offset_range
@@ -152,6 +163,93 @@ def fused_mlp_fwd_kernel(
         acc_y.to(y_ptr.dtype.element_ty),
         mask=(offs_m < T)[:, None] & (offs_n < N_OUT)[None, :],
     )
+
+
+@triton.jit
+def fused_mlp_staged_kernel(
+    x_desc,
+    w1_desc,
+    w2_desc,
+    y_ptr,
+    a_ptr,
+    scratch_ptr,
+    T,
+    D_FF,
+    N_OUT,
+    stride_yt,
+    stride_at,
+    stride_st,
+    D_IN: tl.constexpr,
+    SAVE_PREACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_FK: tl.constexpr,
+    STAGES_1: tl.constexpr,
+    STAGES_2: tl.constexpr,
+):
+    """y = silu(x W1ᵀ) W2ᵀ, one persistent program per SM, each row block's h staged in L2.
+
+    x, W1 and W2 arrive through TMA descriptors (x_desc blocks (BLOCK_M, BLOCK_K), w1_desc
+    (BLOCK_F, BLOCK_K), w2_desc (BLOCK_N, BLOCK_FK)): the copy engine fetches the tiles, zero-fills
+    rows past T or D_FF, and leaves the registers to the accumulators. The program's scratch is
+    BLOCK_M rows of (programs · BLOCK_M, D_FF), read back by the same program only.
+    """
+    program, n_programs = tl.program_id(0), tl.num_programs(0)
+    dtype = y_ptr.dtype.element_ty
+    rows = tl.arange(0, BLOCK_M)
+    scratch_ptr += program * BLOCK_M * stride_st
+    for row_block in range(program, tl.cdiv(T, BLOCK_M), n_programs):
+        m0 = row_block * BLOCK_M
+        offs_m = m0 + rows
+        # Phase 1: h = silu(x W1ᵀ) for this row block, (BLOCK_M, BLOCK_F) at a time, into the scratch.
+        for f0 in range(0, D_FF, BLOCK_F):
+            offs_f = f0 + tl.arange(0, BLOCK_F)
+            acc = tl.zeros((BLOCK_M, BLOCK_F), dtype=tl.float32)
+            for k0 in tl.range(0, D_IN, BLOCK_K, num_stages=STAGES_1):
+                acc = tl.dot(x_desc.load([m0, k0]), w1_desc.load([f0, k0]).T, acc)
+            # Rounded to the input dtype as eager's GEMM output is, so a saved `a` and this h agree.
+            a = acc.to(dtype)
+            in_f = (offs_f < D_FF)[None, :]
+            if SAVE_PREACT:
+                tl.store(
+                    a_ptr + offs_m[:, None] * stride_at + offs_f[None, :],
+                    a,
+                    mask=(offs_m < T)[:, None] & in_f,
+                )
+            h, _ = _silu_and_grad(a.to(tl.float32))
+            tl.store(scratch_ptr + rows[:, None] * stride_st + offs_f[None, :], h.to(dtype), mask=in_f)
+        # Every warp's h tiles must be in place before any warp reads the row block back.
+        tl.debug_barrier()
+        # Phase 2: y = h W2ᵀ for this row block, (BLOCK_M, BLOCK_N) at a time, K = D_FF.
+        for n0 in range(0, N_OUT, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            acc_y = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for f0 in tl.range(0, D_FF, BLOCK_FK, num_stages=STAGES_2):
+                f = f0 + tl.arange(0, BLOCK_FK)
+                h = tl.load(
+                    scratch_ptr + rows[:, None] * stride_st + f[None, :], mask=(f < D_FF)[None, :], other=0.0
+                )
+                acc_y = tl.dot(h, w2_desc.load([n0, f0]).T, acc_y)
+            tl.store(
+                y_ptr + offs_m[:, None] * stride_yt + offs_n[None, :],
+                acc_y.to(dtype),
+                mask=(offs_m < T)[:, None] & (offs_n < N_OUT)[None, :],
+            )
+        # ...and all reads done before the next row block overwrites the scratch.
+        tl.debug_barrier()
+
+
+@triton.jit
+def silu_backward_kernel(a_ptr, dh_ptr, h_ptr, da_ptr, n, BLOCK: tl.constexpr):
+    """h = silu(a) and da = dh · silu'(a) over n contiguous values; h and da may alias a and dh."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    h, dsilu = _silu_and_grad(tl.load(a_ptr + offs, mask=mask).to(tl.float32))
+    dh = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
+    tl.store(da_ptr + offs, (dh * dsilu).to(da_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -281,22 +379,47 @@ FWD_CONFIGS = _configs(
     gpu=[(64, 256, 64, 64, 8, 3), (128, 256, 64, 64, 8, 3), (64, 512, 64, 64, 8, 3), (64, 512, 32, 64, 8, 3)],
     cpu=(64, 128, 128, 256, 4, 1),
 )
-# The last three: the fastest tiles of a sweep of 20 at T = 44 000 (README, session 3) in the
-# backward's mode (dh = dy W2 with SiLU'), which the first three had left 5-10% slower.
+# The forward's mode of the hidden kernel (GEMM + SiLU, writing a and h): the best of a sweep of 20
+# tiles at T = 44 000 was 128 x 128 / 8 warps (README, session 3).
 HIDDEN_CONFIGS = _configs(
-    gpu=[
-        (128, 64, 128, 64, 8, 3),
-        (64, 64, 128, 64, 4, 3),
-        (128, 64, 256, 64, 8, 3),
-        (64, 64, 256, 64, 8, 4),
-        (128, 64, 64, 64, 8, 4),
-        (128, 64, 256, 64, 8, 4),
-    ],
+    gpu=[(128, 64, 128, 64, 8, 3), (64, 64, 128, 64, 4, 3), (128, 64, 256, 64, 8, 3)],
     cpu=(64, 128, 128, 256, 4, 1),
 )
+# The staged forward: every program takes 128 rows (its scratch is sized by it). Tiles
+# (BLOCK_F, BLOCK_K, BLOCK_N, BLOCK_FK, warps, pipeline stages of phase 1 and of phase 2): the four
+# fastest of a probe at T = 44 000 and 205 000 (README, session 5).
+STAGED_BLOCK_M = 128 if common.ON_GPU else 16
+STAGED_CONFIGS = [
+    triton.Config(
+        {"BLOCK_F": f, "BLOCK_K": k, "BLOCK_N": n, "BLOCK_FK": fk, "STAGES_1": s1, "STAGES_2": s2},
+        num_warps=warps,
+        pre_hook=lambda nargs: _set_tma_blocks(nargs),
+    )
+    for f, k, n, fk, warps, s1, s2 in (
+        [
+            (256, 64, 256, 64, 8, 3, 3),
+            (256, 64, 256, 64, 8, 4, 4),
+            (128, 64, 256, 64, 8, 4, 3),
+            (128, 128, 256, 64, 8, 3, 3),
+        ]
+        if common.ON_GPU
+        else [(32, 32, 32, 32, 1, 1, 1)]
+    )
+]
+
+
+def _set_tma_blocks(nargs: dict) -> None:
+    """A config's tile shapes, given to the TMA descriptors before it launches (autotuning included)."""
+    nargs["x_desc"].block_shape = [STAGED_BLOCK_M, nargs["BLOCK_K"]]
+    nargs["w1_desc"].block_shape = [nargs["BLOCK_F"], nargs["BLOCK_K"]]
+    nargs["w2_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_FK"]]
+
 
 fused_mlp_fwd = triton.autotune(FWD_CONFIGS, key=["T", "D_FF", "N_OUT", "D_IN", "SAVE_PREACT"])(
     fused_mlp_fwd_kernel
+)
+fused_mlp_staged = triton.autotune(STAGED_CONFIGS, key=["T", "D_FF", "N_OUT", "D_IN", "SAVE_PREACT"])(
+    fused_mlp_staged_kernel
 )
 mlp_hidden = triton.autotune(
     HIDDEN_CONFIGS,
@@ -315,49 +438,6 @@ def pad_hidden(w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor]:
     return torch.nn.functional.pad(w1, (0, 0, 0, pad)), torch.nn.functional.pad(w2, (0, pad))
 
 
-def _hidden_call(x, w1, w2, *, a=None, dy=None, da=None, h=None, recompute_a, write_a=False):
-    """Launch the hidden kernel for an ungrouped MLP (see mlp_hidden_kernel)."""
-    T, D_IN = x.shape
-    D_FF, N_OUT = w1.shape[0], w2.shape[0]
-    hidden = next(t for t in (da, h, a) if t is not None)
-    dy_strides = (dy.stride(0), 0, dy.stride(1)) if dy is not None else (0, 0, 0)
-
-    def grid(meta):
-        return triton.cdiv(T, meta["BLOCK_M"]), triton.cdiv(D_FF, meta["BLOCK_F"]), 1
-
-    mlp_hidden[grid](
-        x,
-        w1,
-        w2,
-        a,
-        dy,
-        da,
-        h,
-        None,
-        T,
-        D_FF,
-        N_OUT,
-        *x.stride(),
-        0,
-        *w1.stride(),
-        0,
-        *w2.stride(),
-        hidden.stride(0),
-        0,
-        hidden.stride(1),
-        *dy_strides,
-        0,
-        0,
-        0,
-        D_IN=D_IN,
-        RECOMPUTE_A=recompute_a,
-        WRITE_A=write_a,
-        HAS_DY=dy is not None,
-        WRITE_H=h is not None,
-        DW2_PARTIALS=False,
-    )
-
-
 def aligned_empty(rows: int, cols: int, like: Tensor) -> Tensor:
     """An uninitialised (rows, cols) view whose row stride is a multiple of 16 elements.
 
@@ -369,12 +449,99 @@ def aligned_empty(rows: int, cols: int, like: Tensor) -> Tensor:
     return torch.empty((rows, stride), dtype=like.dtype, device=like.device)[:, :cols]
 
 
-def _hidden_backward(x, w1, w2, a, dy, recompute_a):
-    """da and h for the backward, from the saved a or from x and W1."""
-    T, D_FF = x.shape[0], w1.shape[0]
-    da, h = aligned_empty(T, D_FF, x), aligned_empty(T, D_FF, x)
-    _hidden_call(x, w1, w2, a=a, dy=dy, da=da, h=h, recompute_a=recompute_a)
-    return da, h
+def _forward_in_registers(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None) -> Tensor:
+    """y from ``fused_mlp_fwd_kernel``, writing the pre-activation into ``a`` if one is given."""
+    T, D_IN = x.shape
+    D_FF, N_OUT = w1.shape[0], w2.shape[0]
+    y = torch.empty((T, N_OUT), dtype=x.dtype, device=x.device)
+    a_strides = (a.stride(0), 0, a.stride(1)) if a is not None else (0, 0, 0)
+
+    def grid(meta):
+        return triton.cdiv(T, meta["BLOCK_M"]), triton.cdiv(N_OUT, meta["BLOCK_N"]), 1
+
+    fused_mlp_fwd[grid](
+        x,
+        w1,
+        w2,
+        y,
+        a,
+        T,
+        D_FF,
+        N_OUT,
+        *x.stride(),
+        0,
+        *w1.stride(),
+        0,
+        *w2.stride(),
+        y.stride(0),
+        0,
+        y.stride(1),
+        *a_strides,
+        D_IN=D_IN,
+        SAVE_PREACT=a is not None,
+    )
+    return y
+
+
+def _tma_ready(t: Tensor) -> Tensor:
+    """t itself if a TMA descriptor can address it (unit last stride, 16-byte aligned start and
+    rows), else a contiguous copy."""
+    aligned = t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    return t if aligned and t.stride(1) == 1 else t.contiguous()
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _forward_staged(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None) -> Tensor:
+    """y from ``fused_mlp_staged_kernel``: one program per SM (at most one per row block), each with
+    a scratch of STAGED_BLOCK_M hidden rows; writes the pre-activation into ``a`` if one is given."""
+    x, w1, w2 = _tma_ready(x), _tma_ready(w1), _tma_ready(w2)
+    T, D_IN = x.shape
+    D_FF, N_OUT = w1.shape[0], w2.shape[0]
+    most = _sm_count(x.device) if x.is_cuda else 4  # the interpreter: a few programs, several row blocks each
+    n_programs = min(triton.cdiv(T, STAGED_BLOCK_M), most)
+    scratch = aligned_empty(n_programs * STAGED_BLOCK_M, D_FF, x)
+    y = torch.empty((T, N_OUT), dtype=x.dtype, device=x.device)
+    # Block shapes are placeholders: each config's pre_hook sets its own.
+    descriptors = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (x, w1, w2)]
+    fused_mlp_staged[(n_programs,)](
+        *descriptors,
+        y,
+        a,
+        scratch,
+        T,
+        D_FF,
+        N_OUT,
+        y.stride(0),
+        a.stride(0) if a is not None else 0,
+        scratch.stride(0),
+        D_IN=D_IN,
+        SAVE_PREACT=a is not None,
+        BLOCK_M=STAGED_BLOCK_M,
+    )
+    return y
+
+
+SILU_BLOCK = 4096  # values a program of the elementwise SiLU backward takes
+
+
+def _hidden_grads(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, dy: Tensor) -> tuple[Tensor, Tensor]:
+    """da = (dy W2) · silu'(a) and h = silu(a), with a saved or recomputed as x W1ᵀ.
+
+    The two products go to cuBLAS; the elementwise step is one Triton pass that writes da over
+    dh and, when a was recomputed here, h over a (a saved a stays intact: autograd may backpropagate
+    through the same graph again)."""
+    recomputed = a is None
+    a = x @ w1.t() if recomputed else a
+    dh = dy @ w2
+    h = a if recomputed else torch.empty_like(a)
+    n = a.numel()
+    assert a.is_contiguous() and dh.is_contiguous(), "D_FF is padded to a multiple of 16: rows are dense"
+    silu_backward_kernel[(triton.cdiv(n, SILU_BLOCK),)](a, dh, h, dh, n, BLOCK=SILU_BLOCK, num_warps=8)
+    return dh, h
 
 
 def _weight_grads_and_dx(x, w1, dy, da, h):
@@ -384,40 +551,14 @@ def _weight_grads_and_dx(x, w1, dy, da, h):
 
 
 class _FusedMLP(torch.autograd.Function):
-    """One-kernel forward; the backward keeps a (save) or recomputes it inside the hidden kernel."""
+    """One-kernel forward (staged in L2, or in registers); the backward keeps a or recomputes it."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w1: Tensor, w2: Tensor, save_preactivation: bool) -> Tensor:
-        T, D_IN = x.shape
-        D_FF, N_OUT = w1.shape[0], w2.shape[0]
-        y = torch.empty((T, N_OUT), dtype=x.dtype, device=x.device)
-        a = aligned_empty(T, D_FF, x) if save_preactivation else None
-        a_strides = (a.stride(0), 0, a.stride(1)) if a is not None else (0, 0, 0)
-
-        def grid(meta):
-            return triton.cdiv(T, meta["BLOCK_M"]), triton.cdiv(N_OUT, meta["BLOCK_N"]), 1
-
-        fused_mlp_fwd[grid](
-            x,
-            w1,
-            w2,
-            y,
-            a,
-            T,
-            D_FF,
-            N_OUT,
-            *x.stride(),
-            0,
-            *w1.stride(),
-            0,
-            *w2.stride(),
-            y.stride(0),
-            0,
-            y.stride(1),
-            *a_strides,
-            D_IN=D_IN,
-            SAVE_PREACT=save_preactivation,
-        )
+    def forward(
+        ctx, x: Tensor, w1: Tensor, w2: Tensor, save_preactivation: bool, in_registers: bool
+    ) -> Tensor:
+        a = aligned_empty(x.shape[0], w1.shape[0], x) if save_preactivation else None
+        y = (_forward_in_registers if in_registers else _forward_staged)(x, w1, w2, a)
         ctx.save_for_backward(x, w1, w2, a)
         return y
 
@@ -425,8 +566,8 @@ class _FusedMLP(torch.autograd.Function):
     def backward(ctx, dy: Tensor):
         x, w1, w2, a = ctx.saved_tensors
         dy = dy.contiguous()
-        da, h = _hidden_backward(x, w1, w2, a, dy, recompute_a=a is None)
-        return *_weight_grads_and_dx(x, w1, dy, da, h), None
+        da, h = _hidden_grads(x, w1, w2, a, dy)
+        return *_weight_grads_and_dx(x, w1, dy, da, h), None, None
 
 
 class _GemmSiluThenCublas(torch.autograd.Function):
@@ -434,9 +575,42 @@ class _GemmSiluThenCublas(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
-        T, D_FF = x.shape[0], w1.shape[0]
+        T, D_IN = x.shape
+        D_FF = w1.shape[0]
         a, h = aligned_empty(T, D_FF, x), aligned_empty(T, D_FF, x)
-        _hidden_call(x, w1, w2, a=a, h=h, recompute_a=True, write_a=True)
+
+        def grid(meta):
+            return triton.cdiv(T, meta["BLOCK_M"]), triton.cdiv(D_FF, meta["BLOCK_F"]), 1
+
+        # The hidden kernel's forward mode: a = x W1ᵀ and h = silu(a), written side by side.
+        mlp_hidden[grid](
+            x,
+            w1,
+            w2,
+            a,
+            None,
+            None,
+            h,
+            None,
+            T,
+            D_FF,
+            w2.shape[0],
+            *x.stride(),
+            0,
+            *w1.stride(),
+            0,
+            *w2.stride(),
+            a.stride(0),
+            0,
+            a.stride(1),
+            *(0,) * 6,
+            D_IN=D_IN,
+            RECOMPUTE_A=True,
+            WRITE_A=True,
+            HAS_DY=False,
+            WRITE_H=True,
+            DW2_PARTIALS=False,
+        )
         ctx.save_for_backward(x, w1, w2, a)
         return h @ w2.t()
 
@@ -444,7 +618,7 @@ class _GemmSiluThenCublas(torch.autograd.Function):
     def backward(ctx, dy: Tensor):
         x, w1, w2, a = ctx.saved_tensors
         dy = dy.contiguous()
-        da, h = _hidden_backward(x, w1, w2, a, dy, recompute_a=False)
+        da, h = _hidden_grads(x, w1, w2, a, dy)
         return _weight_grads_and_dx(x, w1, dy, da, h)
 
 
@@ -495,13 +669,21 @@ def check_mlp_inputs(x: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor,
 def fused_mlp(x: Tensor, w1: Tensor, w2: Tensor, *, save_preactivation: bool = False) -> Tensor:
     """silu(x W1ᵀ) W2ᵀ with the forward in one Triton kernel; drop-in for phase 01's `mlp_eager`.
 
-    By default nothing is saved beyond the inputs, and the backward's hidden kernel recomputes
-    a = x W1ᵀ: measured faster than saving a (the forward's store of a costs more than the
-    backward's extra GEMM: README, session 4) and 3.5× less memory kept for the backward.
-    save_preactivation=True keeps a (T·D_FF values) instead.
+    The forward is ``fused_mlp_staged_kernel`` (each row block's hidden layer staged in L2). By
+    default nothing is saved beyond the inputs, and the backward recomputes a = x W1ᵀ: it keeps
+    3.5× less memory for the backward than saving a, for one more GEMM there (README, sessions
+    4-5). save_preactivation=True keeps a (T·D_FF values) instead.
     """
     x2, w1, w2 = check_mlp_inputs(x, w1, w2)
-    y = _FusedMLP.apply(x2, *pad_hidden(w1, w2), save_preactivation)
+    y = _FusedMLP.apply(x2, *pad_hidden(w1, w2), save_preactivation, False)
+    return y.reshape(*x.shape[:-1], w2.shape[0])
+
+
+def fused_mlp_in_registers(x: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
+    """The same MLP with ``fused_mlp_fwd_kernel`` as the forward (the hidden layer never leaves the
+    registers); kept to measure against the staged forward. Saves nothing, as ``fused_mlp``."""
+    x2, w1, w2 = check_mlp_inputs(x, w1, w2)
+    y = _FusedMLP.apply(x2, *pad_hidden(w1, w2), False, True)
     return y.reshape(*x.shape[:-1], w2.shape[0])
 
 

@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     def forward_backward(fn):
         return torch.autograd.grad(fn(x, w1, w2), (x, w1, w2), grad_out)
 
-    names = ("fused-recompute", "gemm-silu+cublas", "padded-cublas")
+    names = ("fused-recompute", "fused-registers", "gemm-silu+cublas", "padded-cublas")
     profile_once({name: (lambda fn=fns[name]: forward_backward(fn)) for name in names})
 
 

@@ -16,6 +16,7 @@ _t = checks.random_tensor
 VARIANTS = {
     "fused": lambda x, w1, w2: p06.fused_mlp(x, w1, w2, save_preactivation=True),
     "fused-recompute": lambda x, w1, w2: p06.fused_mlp(x, w1, w2, save_preactivation=False),
+    "fused-registers": p06.fused_mlp_in_registers,
     "gemm-silu": p06.gemm_silu_mlp,
     "padded-cublas": p06.padded_cublas_mlp,
 }
@@ -60,6 +61,16 @@ def test_real_weight_shapes():
     check(p06.fused_mlp, inputs, grad_out, 1e-5)
 
 
+def test_strided_views_are_read_right():
+    # Every second column of x and a transposed copy of W2: the staged forward's TMA descriptors need
+    # unit last strides, so such views are copied first; the values must not change.
+    (x, w1, w2), grad_out = random_mlp(37, 64, 300, 160, torch.float32)
+    x_view = x[:, ::2]
+    w1 = w1[:, :32]
+    w2_view = w2.t().contiguous().t()
+    check(p06.fused_mlp, [x_view, w1, w2_view], grad_out, 1e-5)
+
+
 def test_batched_input_and_autocast_casts_weights():
     # The model passes (B, L, d) activations; under autocast, fp32 weights are cast as F.linear casts them.
     x = torch.randn(2, 9, 32, device=DEVICE)
@@ -97,3 +108,12 @@ def test_bad_input_raises(args, message):
 def test_gpu_bf16_real_shapes_match_float64(variant, T):
     inputs, grad_out = random_mlp(T, 512, 1365, 512, torch.bfloat16)
     check(VARIANTS[variant], inputs, grad_out, 1.5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("save", [False, True])
+def test_gpu_staged_forward_reuses_each_programs_scratch(save):
+    # 20 011 rows are 157 row blocks of 128: more than one per program on a GPU of up to 156 SMs,
+    # so programs overwrite their scratch, and the last block is partial.
+    inputs, grad_out = random_mlp(20_011, 512, 1365, 512, torch.bfloat16)
+    check(lambda x, w1, w2: p06.fused_mlp(x, w1, w2, save_preactivation=save), inputs, grad_out, 1.5e-2)
