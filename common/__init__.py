@@ -4,7 +4,7 @@ Importing ``common`` first matters: with no CUDA device it sets ``TRITON_INTERPR
 before any phase defines a Triton kernel, so every kernel also runs (slowly) on the CPU.
 """
 
-from .device import DEVICE, ON_GPU, describe_device, interpreter_banner
+from .device import DEVICE, ON_GPU, describe_device, interpreter_banner, sm_count
 from .memory import OutOfMemory, measure_peak_memory
 from .provenance import provenance
 from .results import ResultWriter, failure_row
@@ -29,4 +29,5 @@ __all__ = [
     "nvtx_range",
     "provenance",
     "resolve_shape",
+    "sm_count",
 ]

@@ -5,6 +5,7 @@ before any module that defines a ``@triton.jit`` function is imported. Every pha
 ``common`` before its kernels, which makes this module the one place that decides.
 """
 
+import functools
 import os
 import sys
 
@@ -29,6 +30,15 @@ def describe_device() -> dict:
         props = torch.cuda.get_device_properties(0)
         return {"gpu": props.name, "sm_count": props.multi_processor_count}
     return {"gpu": "cpu (TRITON_INTERPRET=1)", "sm_count": 0}
+
+
+@functools.cache
+def sm_count(device: torch.device | int | None = None) -> int:
+    """Multiprocessors of a CUDA device (the current one by default), which persistent kernels
+    size their grids by."""
+    return torch.cuda.get_device_properties(
+        torch.cuda.current_device() if device is None else device
+    ).multi_processor_count
 
 
 def interpreter_banner() -> str:

@@ -31,8 +31,6 @@ cuBLAS GEMMs. (``mlp_hidden_kernel`` below fuses dh = dy W2 with that epilogue, 
 README, session 5.)
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -490,18 +488,15 @@ def _tma_ready(t: Tensor) -> Tensor:
     return t if aligned and t.stride(1) == 1 else t.contiguous()
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _forward_staged(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None) -> Tensor:
     """y from ``fused_mlp_staged_kernel``: one program per SM (at most one per row block), each with
     a scratch of STAGED_BLOCK_M hidden rows; writes the pre-activation into ``a`` if one is given."""
     x, w1, w2 = _tma_ready(x), _tma_ready(w1), _tma_ready(w2)
     T, D_IN = x.shape
     D_FF, N_OUT = w1.shape[0], w2.shape[0]
-    most = _sm_count(x.device) if x.is_cuda else 4  # the interpreter: a few programs, several row blocks each
+    most = (
+        common.sm_count(x.device) if x.is_cuda else 4
+    )  # the interpreter: a few programs, several row blocks each
     n_programs = min(triton.cdiv(T, STAGED_BLOCK_M), most)
     scratch = aligned_empty(n_programs * STAGED_BLOCK_M, D_FF, x)
     y = torch.empty((T, N_OUT), dtype=x.dtype, device=x.device)

@@ -28,7 +28,6 @@ far below fp32's 3.4e38, so no clamp is needed (bf16 has fp32's range too; fp16 
 overflow at 65 504, so fp16 params are rejected).
 """
 
-import functools
 import math
 
 import torch
@@ -256,18 +255,13 @@ def _counter(device: torch.device) -> Tensor:
     return _COUNTERS[key]
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _n_programs(T: int, device: torch.device) -> int:
     """The forward's grid: at most FWD_PROGRAMS_PER_SM an SM, spread so each gets the same number
     of tiles (4M rows: 2048 programs of 32 tiles, not 2112 of 31 or 32)."""
     tiles = triton.cdiv(T, FWD_BLOCK_T)
     if device.type != "cuda":
         return min(tiles, 4)  # the interpreter: a few programs still cross the reduction path
-    most = FWD_PROGRAMS_PER_SM * _sm_count(device)
+    most = FWD_PROGRAMS_PER_SM * common.sm_count(device)
     return triton.cdiv(tiles, triton.cdiv(tiles, most))
 
 

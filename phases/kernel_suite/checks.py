@@ -1,7 +1,5 @@
 """Argument checks shared by the kernels: a clear ``ValueError`` before any launch, never a crash inside one."""
 
-import functools
-
 import torch
 import triton
 
@@ -64,12 +62,7 @@ def row_block_settings(n_cols: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def persistent_programs(n_work: int, per_sm: float = 2) -> int:
     """How many programs a persistent kernel launches: ``per_sm`` per SM on a GPU, a handful in the interpreter."""
-    slots = int(_sm_count(torch.cuda.current_device()) * per_sm) if common.ON_GPU else 4
+    slots = int(common.sm_count() * per_sm) if common.ON_GPU else 4
     return max(1, min(n_work, slots))
