@@ -50,6 +50,27 @@ def _silu_and_grad(a):
     return a * s, s * (1.0 + a * (1.0 - s))
 
 
+# SiLU as 0.5·a·(1 + tanh(a/2)) with PTX's tanh.approx.f32: one special-function instruction a
+# value where sigmoid's exponential and reciprocal take two. Over the staged forward's 128 × 256
+# tiles that unit was the bottleneck (README, session 5). Its error, about 2^-11 relative, is below
+# bf16 and fp16 rounding, so 16-bit outputs use it; fp32, and the interpreter (no inline PTX), keep
+# the exact sigmoid.
+FAST_TANH = tl.constexpr(common.ON_GPU)
+
+
+@triton.jit
+def _silu(a, out_dtype: tl.constexpr):
+    """silu(a) for an fp32 tile whose result is rounded to out_dtype."""
+    if FAST_TANH and out_dtype != tl.float32:
+        half = 0.5 * a
+        tanh = tl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=r,r", [half], dtype=tl.float32, is_pure=True, pack=1
+        )
+        return half + half * tanh
+    else:
+        return a * tl.sigmoid(a)
+
+
 @triton.jit
 def _preactivation(
     x_ptr,
@@ -216,7 +237,7 @@ def fused_mlp_staged_kernel(
                     a,
                     mask=(offs_m < T)[:, None] & in_f,
                 )
-            h, _ = _silu_and_grad(a.to(tl.float32))
+            h = _silu(a.to(tl.float32), dtype)
             tl.store(scratch_ptr + rows[:, None] * stride_st + offs_f[None, :], h.to(dtype), mask=in_f)
         # Every warp's h tiles must be in place before any warp reads the row block back.
         tl.debug_barrier()

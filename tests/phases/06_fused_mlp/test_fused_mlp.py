@@ -117,3 +117,12 @@ def test_gpu_staged_forward_reuses_each_programs_scratch(save):
     # so programs overwrite their scratch, and the last block is partial.
     inputs, grad_out = random_mlp(20_011, 512, 1365, 512, torch.bfloat16)
     check(lambda x, w1, w2: p06.fused_mlp(x, w1, w2, save_preactivation=save), inputs, grad_out, 1.5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [37, 1001])
+def test_gpu_fp16_staged_forward_matches_float64(T):
+    # fp16 keeps 3 more mantissa bits than bf16: the staged forward's tanh.approx SiLU must stay
+    # within fp16's tolerance too.
+    inputs, grad_out = random_mlp(T, 512, 1365, 512, torch.float16)
+    check(p06.fused_mlp, inputs, grad_out, 5e-3)
