@@ -22,7 +22,8 @@ Two one-kernel forwards, the same arithmetic in a different place for the hidden
   takes a block of 128 rows, computes its whole hidden row block h = silu(x W1ᵀ) tile by tile into
   a scratch buffer of its own (128 × D_FF, 352 KB in bf16, 46 MB for all programs on an H100:
   sized for its 50 MB L2), then multiplies it by W2ᵀ, and takes its next row block. Both products
-  run on 128 × 256 tiles, as a plain GEMM would, in one launch.
+  run on 128 × 256 tiles, as a plain GEMM would, in one launch; SiLU goes through one tanh.approx
+  a value (``_silu``).
 
 Backward: a (saved, or recomputed by cuBLAS) and dh = dy W2 (cuBLAS) meet in one elementwise
 Triton kernel that writes da = dh · silu'(a) and h; dx = da W1, dW1 = daᵀ x and dW2 = dyᵀ h are
