@@ -22,8 +22,10 @@ Two one-kernel forwards, the same arithmetic in a different place for the hidden
   takes a block of 128 rows, computes its whole hidden row block h = silu(x W1ᵀ) tile by tile into
   a scratch buffer of its own (128 × D_FF, 352 KB in bf16, 46 MB for all programs on an H100:
   sized for its 50 MB L2), then multiplies it by W2ᵀ, and takes its next row block. Both products
-  run on 128 × 256 tiles, as a plain GEMM would, in one launch; SiLU goes through one tanh.approx
-  a value (``_silu``).
+  run on 128 × 256 tiles, as a plain GEMM would, in one launch.
+
+Every kernel here computes SiLU's sigmoid with one tanh.approx a value for 16-bit outputs
+(``_sigmoid``).
 
 Backward: a (saved, or recomputed by cuBLAS) and dh = dy W2 (cuBLAS) meet in one elementwise
 Triton kernel that writes da = dh · silu'(a) and h; dx = da W1, dW1 = daᵀ x and dW2 = dyᵀ h are
@@ -44,32 +46,31 @@ from common.launch import check_offset_range
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-@triton.jit
-def _silu_and_grad(a):
-    """silu(a) and its derivative s·(1 + a·(1 - s)), s = sigmoid(a); fp32 in and out."""
-    s = tl.sigmoid(a)
-    return a * s, s * (1.0 + a * (1.0 - s))
-
-
-# SiLU as 0.5·a·(1 + tanh(a/2)) with PTX's tanh.approx.f32: one special-function instruction a
-# value where sigmoid's exponential and reciprocal take two. Over the staged forward's 128 × 256
-# tiles that unit was the bottleneck (README, session 5). Its error, about 2^-11 relative, is below
-# bf16 and fp16 rounding, so 16-bit outputs use it; fp32, and the interpreter (no inline PTX), keep
-# the exact sigmoid.
+# sigmoid(a) = ½ + ½·tanh(a/2), with PTX's tanh.approx.f32: one special-function instruction a
+# value where the exact sigmoid's exponential and reciprocal take two. Over a 128 × 256 tile that
+# unit was the staged forward's bottleneck (README, session 5). Its error, about 2^-11 relative, is
+# below bf16 and fp16 rounding, so 16-bit outputs use it; fp32, and the interpreter (no inline
+# PTX), keep the exact sigmoid.
 FAST_TANH = tl.constexpr(common.ON_GPU)
 
 
 @triton.jit
-def _silu(a, out_dtype: tl.constexpr):
-    """silu(a) for an fp32 tile whose result is rounded to out_dtype."""
+def _sigmoid(a, out_dtype: tl.constexpr):
+    """sigmoid of an fp32 tile whose results end up rounded to out_dtype."""
     if FAST_TANH and out_dtype != tl.float32:
-        half = 0.5 * a
         tanh = tl.inline_asm_elementwise(
-            "tanh.approx.f32 $0, $1;", "=r,r", [half], dtype=tl.float32, is_pure=True, pack=1
+            "tanh.approx.f32 $0, $1;", "=r,r", [0.5 * a], dtype=tl.float32, is_pure=True, pack=1
         )
-        return half + half * tanh
+        return 0.5 + 0.5 * tanh
     else:
-        return a * tl.sigmoid(a)
+        return tl.sigmoid(a)
+
+
+@triton.jit
+def _silu_and_grad(a, out_dtype: tl.constexpr):
+    """silu(a) and its derivative s·(1 + a·(1 - s)), s = sigmoid(a); fp32 in and out."""
+    s = _sigmoid(a, out_dtype)
+    return a * s, s * (1.0 + a * (1.0 - s))
 
 
 @triton.jit
@@ -171,7 +172,7 @@ def fused_mlp_fwd_kernel(
                 a,
                 mask=(offs_m < T)[:, None] & (offs_f < D_FF)[None, :],
             )
-        h, _ = _silu_and_grad(a.to(tl.float32))
+        h, _ = _silu_and_grad(a.to(tl.float32), dtype)
         w2t = tl.load(
             w2_ptr + offs_f[:, None] * stride_w2f + offs_n[None, :] * stride_w2n,
             mask=(offs_f < D_FF)[:, None] & (offs_n < N_OUT)[None, :],
@@ -238,7 +239,7 @@ def fused_mlp_staged_kernel(
                     a,
                     mask=(offs_m < T)[:, None] & in_f,
                 )
-            h = _silu(a.to(tl.float32), dtype)
+            h, _ = _silu_and_grad(a.to(tl.float32), dtype)
             tl.store(scratch_ptr + rows[:, None] * stride_st + offs_f[None, :], h.to(dtype), mask=in_f)
         # Every warp's h tiles must be in place before any warp reads the row block back.
         tl.debug_barrier()
@@ -266,7 +267,7 @@ def silu_backward_kernel(a_ptr, dh_ptr, h_ptr, da_ptr, n, BLOCK: tl.constexpr):
     """h = silu(a) and da = dh · silu'(a) over n contiguous values; h and da may alias a and dh."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    h, dsilu = _silu_and_grad(tl.load(a_ptr + offs, mask=mask).to(tl.float32))
+    h, dsilu = _silu_and_grad(tl.load(a_ptr + offs, mask=mask).to(tl.float32), h_ptr.dtype.element_ty)
     dh = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
     tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
     tl.store(da_ptr + offs, (dh * dsilu).to(da_ptr.dtype.element_ty), mask=mask)
@@ -349,7 +350,7 @@ def mlp_hidden_kernel(
             tl.store(a_ptr + hidden_offsets, a, mask=mask_mf)
     else:
         a = tl.load(a_ptr + hidden_offsets, mask=mask_mf, other=0.0)
-    h, dsilu = _silu_and_grad(a.to(tl.float32))
+    h, dsilu = _silu_and_grad(a.to(tl.float32), dtype)
     if WRITE_H:
         tl.store(h_ptr + hidden_offsets, h.to(dtype), mask=mask_mf)
     if HAS_DY:
