@@ -12,8 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch._inductor.config
 
 from .device import ON_GPU
+
+# torch.compile's first call starts a pool of compile worker processes (one per core). While they
+# start up, they compete with the benchmark's own host thread. Calls bound by host time then read
+# slow: a phase-06 forward+backward measured 1.75 ms where its forward and backward took 0.32 and
+# 0.69 (README 06, session 5). Every process that imports the harness therefore compiles in-process.
+torch._inductor.config.compile_threads = 1
 
 try:  # the `nvtx` package annotates with less overhead; the GPU image has only torch's binding
     import nvtx as _nvtx
