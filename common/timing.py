@@ -5,6 +5,7 @@ launch overhead is not mistaken for kernel time; on the CPU, ``time.perf_counter
 """
 
 import contextlib
+import functools
 import statistics
 import time
 from collections import defaultdict
@@ -98,6 +99,18 @@ def l2_flush_buffer() -> torch.Tensor:
     return _L2_FLUSH[0]
 
 
+@functools.cache
+def _gpu_sleep_cycles_per_ms() -> float:
+    """How many cycles of ``torch.cuda._sleep`` make a millisecond on this GPU, measured once."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    stop.record()
+    torch.cuda.synchronize()
+    return 10_000_000 / start.elapsed_time(stop)
+
+
 def bench(
     fn: Callable[[], object],
     *,
@@ -106,12 +119,19 @@ def bench(
     min_reps: int = 3,
     max_reps: int = 500,
     flush_l2: bool = True,
+    head_start_ms: float = 0.0,
 ) -> Timing:
     """Time ``fn()`` after warm-up and return the median and spread in milliseconds.
 
     One untimed call compiles and estimates the cost; the number of warm-up and timed calls then
     follows from the two time budgets, so a 10-second training step is run a few times and a
     20-microsecond kernel hundreds of times. On a GPU the L2 cache is flushed before each call.
+
+    ``head_start_ms`` > 0 queues a GPU sleep that long before each timed call. The host then
+    enqueues the call while the GPU sleeps, so the interval is the GPU's time for the call even
+    where the host stalls for a moment. For calls whose time is the GPU's anyway: phase 06's
+    forward+backward steps at ~1 ms read up to 1.7× their forward plus backward without it
+    (README 06, session 5). Host-bound measurements must leave it at 0.
     """
     if ON_GPU:
         torch.cuda.synchronize()
@@ -125,9 +145,12 @@ def bench(
     for _ in range(n_warmup):
         fn()
     clock = _Clock()
+    sleep_cycles = int(head_start_ms * _gpu_sleep_cycles_per_ms()) if ON_GPU and head_start_ms > 0 else 0
     for _ in range(n_reps):
         if ON_GPU and flush_l2:
             l2_flush_buffer().zero_()
+        if sleep_cycles:
+            torch.cuda._sleep(sleep_cycles)
         started = clock.start()
         fn()
         clock.stop(started)

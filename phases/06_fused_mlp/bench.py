@@ -8,6 +8,8 @@ Phases 06-08 measure every variant the same way, side by side in one run:
 - forward+backward: both, the number that matters for a training step;
 - memory: what the forward keeps alive for the backward (its saved tensors and the output), and
   the peak above the inputs during forward+backward.
+The GEMM-bound cells of 06 and 07 give the GPU a head start before each timed call
+(``GEMM_HEAD_START_MS``), so a moment's stall of the host is not counted as kernel time.
 
 torch.compile's backward normally frees ("donates") saved buffers as it goes, which forbids the
 ``retain_graph`` the backward timing needs; ``measure_fwd_bwd`` turns donation off, which can only
@@ -19,6 +21,7 @@ one cell -- measured, written as a CSV row and printed, or written and printed a
 
 import argparse
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -36,6 +39,10 @@ from common import (
 from common.report import render_phase
 
 BENCH = {"warmup_ms": 25.0, "rep_ms": 150.0} if ON_GPU else {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}
+# The GEMM-bound cells of 06 and 07 give the GPU this head start before each timed call (see
+# common.bench): their steps are the GPU's time, and the host's stalls must not be counted in them.
+# Phase 08's calls at the model's sizes are the host's, and are timed without one.
+GEMM_HEAD_START_MS = 2.0
 
 
 def rel_err(out: Tensor, ref: Tensor) -> float:
@@ -56,18 +63,19 @@ def check_against(fn: Callable, reference: Callable, inputs: list[Tensor], grad_
     }
 
 
-def measure_fwd_bwd(fn: Callable, inputs: list[Tensor], grad_out: Tensor) -> dict:
-    """Median ms of forward, backward and forward+backward, with the memory columns."""
+def measure_fwd_bwd(fn: Callable, inputs: list[Tensor], grad_out: Tensor, head_start_ms: float = 0.0) -> dict:
+    """Median ms of forward, backward and forward+backward, with the memory columns; every timing
+    gives the GPU ``head_start_ms`` (see common.bench)."""
     with torch._functorch.config.patch(donated_buffer=False):
-        return _measure(fn, inputs, grad_out)
+        return _measure(fn, inputs, grad_out, {**BENCH, "head_start_ms": head_start_ms})
 
 
-def _time_backward(out: Tensor, wrt: list[Tensor], grad_out: Tensor):
+def _time_backward(out: Tensor, wrt: list[Tensor], grad_out: Tensor, budget: dict):
     """One forward's graph, backpropagated again and again; freed when this returns."""
-    return bench(lambda: torch.autograd.grad(out, wrt, grad_out, retain_graph=True), **BENCH)
+    return bench(lambda: torch.autograd.grad(out, wrt, grad_out, retain_graph=True), **budget)
 
 
-def _measure(fn: Callable, inputs: list[Tensor], grad_out: Tensor) -> dict:
+def _measure(fn: Callable, inputs: list[Tensor], grad_out: Tensor, budget: dict) -> dict:
     wrt = [t for t in inputs if t.requires_grad]
 
     def forward():
@@ -78,9 +86,9 @@ def _measure(fn: Callable, inputs: list[Tensor], grad_out: Tensor) -> dict:
 
     forward_backward()  # compilation and autotuning happen here, before any clock starts
     forward_backward()
-    fwd = bench(forward, **BENCH)
-    bwd = _time_backward(forward(), wrt, grad_out)
-    step = bench(forward_backward, **BENCH)
+    fwd = bench(forward, **budget)
+    bwd = _time_backward(forward(), wrt, grad_out, budget)
+    step = bench(forward_backward, **budget)
 
     before = torch.cuda.memory_allocated() if ON_GPU else 0
     with measure_peak_memory() as mem:
@@ -100,9 +108,14 @@ def _measure(fn: Callable, inputs: list[Tensor], grad_out: Tensor) -> dict:
     }
 
 
-def check_and_measure(fn: Callable, reference: Callable, inputs: list[Tensor], grad_out: Tensor) -> dict:
+def check_and_measure(
+    fn: Callable, reference: Callable, inputs: list[Tensor], grad_out: Tensor, head_start_ms: float = 0.0
+) -> dict:
     """The error columns (checked before any clock starts), then the time and memory columns."""
-    return {**check_against(fn, reference, inputs, grad_out), **measure_fwd_bwd(fn, inputs, grad_out)}
+    return {
+        **check_against(fn, reference, inputs, grad_out),
+        **measure_fwd_bwd(fn, inputs, grad_out, head_start_ms),
+    }
 
 
 # -- the sweep around it: command line, one cell at a time, the report at the end --------------------
@@ -194,7 +207,8 @@ def measure_tflops_cell(
 ) -> None:
     """One GEMM-bound cell (phases 06, 07): errors, times, memory and model TFLOP/s, written and printed;
     ``tiles`` says, once the cell is measured, which tiles its Triton kernels ran (``tiles_chosen``)."""
-    result = run_cell(writer, cell, width, lambda: check_and_measure(fn, reference, inputs, grad_out))
+    measure = partial(check_and_measure, fn, reference, inputs, grad_out, GEMM_HEAD_START_MS)
+    result = run_cell(writer, cell, width, measure)
     if result is None:
         return
     tflops = flops / (result["fwd_bwd_ms"] * 1e-3) / 1e12
