@@ -101,16 +101,26 @@ def load_rows(
 
 
 @triton.jit
+def load_row_values(ptr, rows, Lq, padding: tl.constexpr, CHECK: tl.constexpr):
+    """One value per query row (lse or Δ); with CHECK, rows past Lq read as ``padding``."""
+    if CHECK:
+        return tl.load(ptr + rows, mask=rows < Lq, other=padding)
+    return tl.load(ptr + rows)
+
+
+@triton.jit
+def load_lse2(LSE, bh_offset, row_start, Lq, BLOCK_M: tl.constexpr, CHECK: tl.constexpr):
+    """lse in base 2 for a query tile; padding rows get +inf, so their P = exp2(s - lse2) is 0."""
+    rows = row_start + tl.arange(0, BLOCK_M)
+    return load_row_values(LSE + bh_offset, rows, Lq, float("inf"), CHECK) * 1.4426950408889634
+
+
+@triton.jit
 def load_row_stats(LSE, DELTA, bh_offset, row_start, Lq, BLOCK_M: tl.constexpr, CHECK: tl.constexpr):
     """lse in base 2 and Δ for a query tile; padding rows get lse2 = +inf (so P = 0) and Δ = 0."""
     rows = row_start + tl.arange(0, BLOCK_M)
-    if CHECK:
-        lse = tl.load(LSE + bh_offset + rows, mask=rows < Lq, other=float("inf"))
-        delta = tl.load(DELTA + bh_offset + rows, mask=rows < Lq, other=0.0)
-    else:
-        lse = tl.load(LSE + bh_offset + rows)
-        delta = tl.load(DELTA + bh_offset + rows)
-    return lse * 1.4426950408889634, delta
+    delta = load_row_values(DELTA + bh_offset, rows, Lq, 0.0, CHECK)
+    return load_lse2(LSE, bh_offset, row_start, Lq, BLOCK_M, CHECK), delta
 
 
 # --- 1. Δ = rowsum(dO ∘ O) ---------------------------------------------------------------------

@@ -50,12 +50,7 @@ def _load_query_tile(q_base, do_base, o_base, LSE, bh_offset, row, Lq, stride_ql
     q = bwd.load_rows(q_base, stride_ql, stride_qd, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
     do = bwd.load_rows(do_base, stride_gl, stride_gd, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
     o = bwd.load_rows(o_base, stride_ol, stride_od, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
-    rows = row + tl.arange(0, BLOCK_M)
-    if CHECK:
-        lse = tl.load(LSE + bh_offset + rows, mask=rows < Lq, other=float("inf"))
-    else:
-        lse = tl.load(LSE + bh_offset + rows)
-    return q, do, lse * 1.4426950408889634, bwd.row_delta(o, do)
+    return q, do, bwd.load_lse2(LSE, bh_offset, row, Lq, BLOCK_M, CHECK), bwd.row_delta(o, do)
 
 
 @triton.jit
