@@ -506,9 +506,9 @@ def _forward_in_registers(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None) -
 
 def _tma_ready(t: Tensor) -> Tensor:
     """t itself if a TMA descriptor can address it (unit last stride, 16-byte aligned start and
-    rows), else a contiguous copy."""
+    rows), else a fresh dense copy (``contiguous()`` would return a misaligned dense view as is)."""
     aligned = t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
-    return t if aligned and t.stride(1) == 1 else t.contiguous()
+    return t if aligned and t.stride(1) == 1 else t.clone(memory_format=torch.contiguous_format)
 
 
 def _forward_staged(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None) -> Tensor:

@@ -61,14 +61,36 @@ def test_real_weight_shapes():
     check(p06.fused_mlp, inputs, grad_out, 1e-5)
 
 
+def check_on_views(x, w1, w2, grad_out, tol):
+    """fused_mlp on these very tensors (``check`` would clone them into fresh dense ones), against
+    float64 eager on dense copies."""
+    y = p06.fused_mlp(x, w1, w2)
+    grads = torch.autograd.grad(y, [x, w1, w2], grad_out)
+    dense = [t.detach().double().requires_grad_() for t in (x, w1, w2)]
+    ref = baseline.mlp_eager(*dense)
+    ref_grads = torch.autograd.grad(ref, dense, grad_out.double())
+    for name, got, want in zip(["y", "dx", "dw1", "dw2"], [y, *grads], [ref, *ref_grads], strict=True):
+        assert got.shape == want.shape and checks.rel(got, want) < tol, name
+
+
 def test_strided_views_are_read_right():
-    # Every second column of x and a transposed copy of W2: the staged forward's TMA descriptors need
-    # unit last strides, so such views are copied first; the values must not change.
+    # Every second column of x and a transposed W2: the staged forward's TMA descriptors need unit
+    # last strides, so such views are copied first; the values must not change.
     (x, w1, w2), grad_out = random_mlp(37, 64, 300, 160, torch.float32)
-    x_view = x[:, ::2]
-    w1 = w1[:, :32]
-    w2_view = w2.t().contiguous().t()
-    check(p06.fused_mlp, [x_view, w1, w2_view], grad_out, 1e-5)
+    x_view = x.requires_grad_()[:, ::2]
+    w2_view = w2.t().contiguous().requires_grad_().t()
+    assert x_view.stride(1) == 2 and w2_view.stride(1) != 1
+    check_on_views(x_view, w1[:, :32].contiguous().requires_grad_(), w2_view, grad_out, 1e-5)
+
+
+def test_misaligned_start_is_read_right():
+    # A view one element into its storage starts 4 bytes past a 16-byte boundary: no TMA
+    # descriptor can address it, so the forward copies it first.
+    (x, w1, w2), grad_out = random_mlp(37, 32, 300, 160, torch.float32)
+    storage = torch.cat([torch.zeros(1, device=DEVICE), x.flatten()]).requires_grad_()
+    x_shifted = storage[1:].view(37, 32)
+    assert x_shifted.data_ptr() % 16 != 0
+    check_on_views(x_shifted, w1.requires_grad_(), w2.requires_grad_(), grad_out, 1e-5)
 
 
 def test_batched_input_and_autocast_casts_weights():
