@@ -1,5 +1,6 @@
 """Checks the tests of phases 06-08 share: a kernel's output and gradients against a float64 reference,
-autocast, and the kernel plugged into the model. Phases 07 and 08 load this module with importlib."""
+autocast, and the kernel plugged into the model. Phases 07, 08 and flash2 load this module with
+importlib."""
 
 import importlib
 
@@ -20,8 +21,16 @@ def random_tensor(*shape, dtype=torch.float32, device=None):
     return torch.randn(*shape, device=device or DEVICE).to(dtype)
 
 
+def same_layout_leaf(t):
+    """A fresh leaf with t's values and t's very strides. ``clone()`` would make a view with gaps
+    (every second column, one of q/k/v in a fused projection) dense, and the test would no longer
+    pass the layout it means to."""
+    copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return copy.copy_(t.detach()).requires_grad_()
+
+
 def output_and_grads(fn, inputs, grad_out):
-    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    inputs = [same_layout_leaf(t) for t in inputs]
     out = fn(*inputs)
     return [out, *torch.autograd.grad(out, inputs, grad_out)]
 

@@ -14,6 +14,7 @@ import common
 
 flash2 = importlib.import_module("phases.flash2")
 flash_triton = importlib.import_module("phases.flash2.flash_triton")
+checks = importlib.import_module("tests.phases.06_fused_mlp.float64_checks")
 
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
@@ -43,7 +44,7 @@ def assert_close(name, got, want, tol):
 
 def check_function(fn, q, k, v, grad_out, is_causal, tol, saved_lse):
     o_ref, lse_ref, grads_ref = reference_grads(q, k, v, grad_out, is_causal)
-    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    q, k, v = (checks.same_layout_leaf(t) for t in (q, k, v))
     o = fn.apply(q, k, v, is_causal)
     assert o.shape == q.shape and o.dtype == q.dtype
     assert_close("O", o, o_ref, tol)
@@ -145,6 +146,7 @@ def test_triton_interpreter_257_and_strided(poisoned):
     """The longest odd length, with q, k, v non-contiguous views (as a fused QKV projection gives)."""
     qkv = torch.randn(1, 257, 3, 16)
     q, k, v = qkv.unbind(2)
+    assert not checks.same_layout_leaf(q).is_contiguous()  # what check_function passes on
     grad_out = torch.randn(1, 257, 16)
     check_function(flash2.FlashAttentionTriton, q, k, v, grad_out, True, TOL[torch.float32], lse_of)
 
