@@ -35,6 +35,17 @@ def use_descriptor_scratch() -> None:
     triton.set_allocator(_descriptor_scratch)
 
 
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether a tensor descriptor can address every tensor: unit stride along the last dimension,
+    a 16-byte aligned start and 16-byte multiples for every other stride."""
+    return all(
+        t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
+        for t in tensors
+    )
+
+
 def signature_key(*tensors: torch.Tensor) -> tuple:
     """Shape, strides, dtype, device and 16-byte alignment of each tensor: all that specialises a
     kernel whose integer arguments are these tensors' sizes and strides (a binary is loaded per

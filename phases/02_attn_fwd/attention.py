@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from common import ON_GPU
-from common.launch import LaunchCache, autotune_for_launch, signature_key, use_descriptor_scratch
+from common.launch import LaunchCache, autotune_for_launch, signature_key, tma_ok, use_descriptor_scratch
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -62,17 +62,6 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: must be a positive finite number, got {scale}")
     return scale
-
-
-def tma_ok(*tensors: torch.Tensor) -> bool:
-    """Tensor descriptors need unit stride along D and 16-byte aligned bases and row strides."""
-    for t in tensors:
-        size = t.element_size()
-        if t.stride(3) != 1 or t.data_ptr() % 16:
-            return False
-        if any((t.stride(i) * size) % 16 for i in range(3)):
-            return False
-    return True
 
 
 def shape_bucket(n: int) -> int:

@@ -41,7 +41,7 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import common  # the package imports it first: without a GPU it selects the interpreter
-from common.launch import check_offset_range
+from common.launch import check_offset_range, tma_ok
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -505,10 +505,9 @@ def _forward_in_registers(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None) -
 
 
 def _tma_ready(t: Tensor) -> Tensor:
-    """t itself if a TMA descriptor can address it (unit last stride, 16-byte aligned start and
-    rows), else a fresh dense copy (``contiguous()`` would return a misaligned dense view as is)."""
-    aligned = t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
-    return t if aligned and t.stride(1) == 1 else t.clone(memory_format=torch.contiguous_format)
+    """t itself if a TMA descriptor can address it, else a fresh dense copy (``contiguous()`` would
+    return a misaligned dense view as is)."""
+    return t if tma_ok(t) else t.clone(memory_format=torch.contiguous_format)
 
 
 def _forward_staged(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None) -> Tensor:

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from common import ON_GPU  # first: without a GPU it switches Triton to its interpreter
-from common.launch import use_descriptor_scratch
+from common.launch import tma_ok, use_descriptor_scratch
 
 # isort: split
 import torch
@@ -90,16 +90,6 @@ def tile_config(kernel: str, dtype: torch.dtype, head_dim: int, causal: bool = T
 # ----------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------
-
-
-def tma_ok(*tensors: torch.Tensor) -> bool:
-    """Tensor descriptors need unit stride along D and 16-byte aligned bases and row/batch strides."""
-    return all(
-        t.stride(2) == 1
-        and t.data_ptr() % 16 == 0
-        and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:2])
-        for t in tensors
-    )
 
 
 @triton.jit

@@ -11,6 +11,7 @@ from common.launch import (
     autotune_for_launch,
     constexpr_tail,
     signature_key,
+    tma_ok,
     use_descriptor_scratch,
 )
 
@@ -90,3 +91,13 @@ def test_launch_cache_tunes_once_per_key_and_launches_directly_after(monkeypatch
     assert cache.launch("b", ("z",), 3) == "config-3"
     assert len(tuned) == 2
     assert launched == [("binary", (7, 1, 1), ("y", 1, "CONST"))]
+
+
+def test_tma_ok_needs_unit_last_stride_and_16_byte_alignment():
+    for shape in [(2, 17, 16), (17, 32), (2, 3, 17, 16)]:  # flash2's, phase 06's and phase 02's ranks
+        assert tma_ok(torch.randn(*shape))
+    assert not tma_ok(torch.randn(2, 16, 17).transpose(1, 2))  # stride 17 along the last dimension
+    assert not tma_ok(torch.randn(2, 17, 17)[..., :16])  # rows of 68 bytes
+    assert not tma_ok(torch.randn(2 * 17 * 16 + 1)[1:].view(2, 17, 16))  # start off by 4 bytes
+    assert tma_ok(torch.randn(1, 17, 3, 16).unbind(2)[1])  # fused QKV: rows of 192 bytes
+    assert not tma_ok(torch.randn(2, 17, 16), torch.randn(2, 17, 17)[..., :16])  # every tensor counts

@@ -203,15 +203,6 @@ def column_major_d(batch, n, head_dim, dtype=torch.float32):
     return torch.randn(batch, head_dim, n, dtype=dtype, device=common.DEVICE.type).transpose(1, 2)
 
 
-def test_tma_ok_needs_unit_d_stride_and_16_byte_alignment():
-    contiguous = torch.randn(2, 17, 16)
-    assert flash_triton.tma_ok(contiguous)
-    assert not flash_triton.tma_ok(column_major_d(2, 17, 16))
-    assert not flash_triton.tma_ok(torch.randn(2, 17, 17)[..., :16])  # rows of 68 bytes
-    assert not flash_triton.tma_ok(torch.randn(2 * 17 * 16 + 1)[1:].view(2, 17, 16))  # base off by 4 bytes
-    assert flash_triton.tma_ok(torch.randn(1, 17, 3, 16).unbind(2)[1])  # fused QKV: rows of 192 bytes
-
-
 @pytest.mark.skipif(common.ON_GPU, reason="interpreter test")
 def test_triton_interpreter_falls_back_to_block_pointers(poisoned):
     """D not contiguous: "auto" takes block pointers (forward and backward correct), "tma" refuses."""
