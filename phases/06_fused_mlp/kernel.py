@@ -410,11 +410,20 @@ HIDDEN_CONFIGS = _configs(
 # (BLOCK_F, BLOCK_K, BLOCK_N, BLOCK_FK, warps, pipeline stages of phase 1 and of phase 2): the four
 # fastest of a probe at T = 44 000 and 205 000 (README, session 5).
 STAGED_BLOCK_M = 128 if common.ON_GPU else 16
+
+
+def _set_tma_blocks(nargs: dict) -> None:
+    """A config's tile shapes, given to the TMA descriptors before it launches (autotuning included)."""
+    nargs["x_desc"].block_shape = [STAGED_BLOCK_M, nargs["BLOCK_K"]]
+    nargs["w1_desc"].block_shape = [nargs["BLOCK_F"], nargs["BLOCK_K"]]
+    nargs["w2_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_FK"]]
+
+
 STAGED_CONFIGS = [
     triton.Config(
         {"BLOCK_F": f, "BLOCK_K": k, "BLOCK_N": n, "BLOCK_FK": fk, "STAGES_1": s1, "STAGES_2": s2},
         num_warps=warps,
-        pre_hook=lambda nargs: _set_tma_blocks(nargs),
+        pre_hook=_set_tma_blocks,
     )
     for f, k, n, fk, warps, s1, s2 in (
         [
@@ -427,13 +436,6 @@ STAGED_CONFIGS = [
         else [(32, 32, 32, 32, 1, 1, 1)]
     )
 ]
-
-
-def _set_tma_blocks(nargs: dict) -> None:
-    """A config's tile shapes, given to the TMA descriptors before it launches (autotuning included)."""
-    nargs["x_desc"].block_shape = [STAGED_BLOCK_M, nargs["BLOCK_K"]]
-    nargs["w1_desc"].block_shape = [nargs["BLOCK_F"], nargs["BLOCK_K"]]
-    nargs["w2_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_FK"]]
 
 
 fused_mlp_fwd = triton.autotune(FWD_CONFIGS, key=["T", "D_FF", "N_OUT", "D_IN", "SAVE_PREACT"])(
@@ -516,9 +518,8 @@ def _forward_staged(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None) -> Tens
     x, w1, w2 = _tma_ready(x), _tma_ready(w1), _tma_ready(w2)
     T, D_IN = x.shape
     D_FF, N_OUT = w1.shape[0], w2.shape[0]
-    most = (
-        common.sm_count(x.device) if x.is_cuda else 4
-    )  # the interpreter: a few programs, several row blocks each
+    # In the interpreter: a few programs, each taking several row blocks.
+    most = common.sm_count(x.device) if x.is_cuda else 4
     n_programs = min(triton.cdiv(T, STAGED_BLOCK_M), most)
     scratch = aligned_empty(n_programs * STAGED_BLOCK_M, D_FF, x)
     y = torch.empty((T, N_OUT), dtype=x.dtype, device=x.device)
@@ -567,6 +568,14 @@ def _weight_grads_and_dx(x, w1, dy, da, h):
     return da @ w1, da.t() @ x, (h.t() @ dy).t()
 
 
+def _mlp_backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """dx, dW1, dW2 from what either forward saved: x, W1, W2 and a (or None, to recompute it)."""
+    x, w1, w2, a = ctx.saved_tensors
+    dy = dy.contiguous()
+    da, h = _hidden_grads(x, w1, w2, a, dy)
+    return _weight_grads_and_dx(x, w1, dy, da, h)
+
+
 class _FusedMLP(torch.autograd.Function):
     """One-kernel forward (staged in L2, or in registers); the backward keeps a or recomputes it."""
 
@@ -581,10 +590,7 @@ class _FusedMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        x, w1, w2, a = ctx.saved_tensors
-        dy = dy.contiguous()
-        da, h = _hidden_grads(x, w1, w2, a, dy)
-        return *_weight_grads_and_dx(x, w1, dy, da, h), None, None
+        return *_mlp_backward(ctx, dy), None, None
 
 
 class _GemmSiluThenCublas(torch.autograd.Function):
@@ -633,10 +639,7 @@ class _GemmSiluThenCublas(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        x, w1, w2, a = ctx.saved_tensors
-        dy = dy.contiguous()
-        da, h = _hidden_grads(x, w1, w2, a, dy)
-        return _weight_grads_and_dx(x, w1, dy, da, h)
+        return _mlp_backward(ctx, dy)
 
 
 # --- the public functions ----------------------------------------------------------------------
