@@ -25,8 +25,10 @@ from collections.abc import Callable
 
 import torch
 
+from .device import ON_GPU
 from .report import load_phase, markdown_table
 from .results import ResultWriter
+from .shapes import TNPShape, resolve_shape
 
 # Raw metric names of Nsight Compute 2025 on sm_90, and the columns they become.
 METRICS = {
@@ -45,6 +47,22 @@ STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.r
 NVTX_RANGE = re.compile(r"<default domain>:([^:]+):")
 SUBDIR = "ncu"
 COLUMNS = ["variant", "kernel", "grid", "block", *METRICS.values(), "stalls"]
+
+
+def require_gpu() -> None:
+    """An ncu_pass profiles GPU kernels: without a GPU it stops, saying so."""
+    if not ON_GPU:
+        raise SystemExit("ncu_pass: needs a CUDA GPU (and ncu around it)")
+
+
+def pass_shape(prog: str, argv=None) -> TNPShape:
+    """The command line of a phase's ncu_pass: the TransformerNP ``--shape`` it profiles (mid by
+    default). Checks for a GPU first."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--shape", default="mid")
+    args = parser.parse_args(argv)
+    require_gpu()
+    return resolve_shape(args.shape)
 
 
 def profile_once(calls: dict[str, Callable[[], object]], warmup: int = 3) -> None:

@@ -8,12 +8,10 @@
 The rows land in reports/data/04_fused_attn/ncu/ and the report's "Where the time goes" table.
 """
 
-import argparse
 import importlib
 from functools import partial
 
-from common import ON_GPU, resolve_shape
-from common.ncu import profile_once
+from common.ncu import pass_shape, profile_once
 
 from .fused import attention
 
@@ -22,14 +20,8 @@ two_pass = importlib.import_module("phases.03_attn_bwd")
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m phases.04_fused_attn.ncu_pass")
-    parser.add_argument("--shape", default="mid")
-    args = parser.parse_args(argv)
-    if not ON_GPU:
-        raise SystemExit("ncu_pass: needs a CUDA GPU (and ncu around it)")
-    q, k, v, do = benchmark.make_inputs(
-        benchmark.tnp_case(resolve_shape(args.shape)), benchmark.DTYPE, grad=True
-    )
+    shape = pass_shape("python -m phases.04_fused_attn.ncu_pass", argv)
+    q, k, v, do = benchmark.make_inputs(benchmark.tnp_case(shape), benchmark.DTYPE, grad=True)
     impls = {
         "sdpa-cudnn": benchmark.sdpa_variants()["sdpa-cudnn"],
         "triton-2pass": two_pass.attention,

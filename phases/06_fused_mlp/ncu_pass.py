@@ -13,23 +13,16 @@ while it compiles, and under ncu those timings are distorted, so it compiled the
 (2.8 ms of kernels against 1.26 ms in the benchmark).
 """
 
-import argparse
-
 import torch
 
-from common import ON_GPU, resolve_shape
-from common.ncu import profile_once
+from common.ncu import pass_shape, profile_once
 
 from .__main__ import mlp_inputs, variants
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m phases.06_fused_mlp.ncu_pass")
-    parser.add_argument("--shape", default="mid")
-    args = parser.parse_args(argv)
-    if not ON_GPU:
-        raise SystemExit("ncu_pass: needs a CUDA GPU (and ncu around it)")
-    (x, w1, w2), grad_out = mlp_inputs(resolve_shape(args.shape).tokens)
+    shape = pass_shape("python -m phases.06_fused_mlp.ncu_pass", argv)
+    (x, w1, w2), grad_out = mlp_inputs(shape.tokens)
     fns = variants()
 
     def forward_backward(fn):

@@ -11,15 +11,13 @@ The rows land in reports/data/flash2/ncu/ and the report's "Where the time goes"
 
 import torch
 
-from common import ON_GPU
-from common.ncu import profile_once
+from common.ncu import profile_once, require_gpu
 
 from .bench import GOAL_SHAPE, attention_impls, random_qkv
 
 
 def main() -> None:
-    if not ON_GPU:
-        raise SystemExit("ncu_pass: needs a CUDA GPU (and ncu around it)")
+    require_gpu()
     batch, n, head_dim = GOAL_SHAPE
     q, k, v = random_qkv(batch, n, head_dim, torch.bfloat16)
     do = torch.randn_like(q)

@@ -3,6 +3,9 @@
 import csv
 import io
 
+import pytest
+
+import common.ncu as ncu
 from common import ResultWriter
 from common.ncu import SUBDIR, parse_raw, render_profile
 
@@ -59,3 +62,12 @@ def test_the_report_table_shows_the_newest_profile_of_that_gpu(tmp_path, monkeyp
     assert "Where the time goes" in table and "| 7 " in table and "| 9 " not in table
     assert f"commit {writer.rows[0]['git_commit']}," in table  # read as text, never as a number
     assert render_profile("04_fused_attn", "another GPU") == ""
+
+
+def test_pass_shape_reads_the_shape_and_needs_a_gpu(monkeypatch):
+    monkeypatch.setattr(ncu, "ON_GPU", False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        ncu.pass_shape("prog", ["--shape", "small"])
+    monkeypatch.setattr(ncu, "ON_GPU", True)
+    assert ncu.pass_shape("prog", []).name == "mid"
+    assert ncu.pass_shape("prog", ["--shape", "large"]).name == "large"
