@@ -6,6 +6,7 @@ launch overhead is not mistaken for kernel time; on the CPU, ``time.perf_counter
 
 import contextlib
 import functools
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -13,15 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch._inductor.config
 
 from .device import ON_GPU
 
-# torch.compile's first call starts a pool of compile worker processes (one per core). While they
-# start up, they compete with the benchmark's own host thread. Calls bound by host time then read
-# slow: a phase-06 forward+backward measured 1.75 ms where its forward and backward took 0.32 and
-# 0.69 (README 06, session 5). Every process that imports the harness therefore compiles in-process.
-torch._inductor.config.compile_threads = 1
+# torch.compile's first call starts a pool of compile worker processes (one per core), which could
+# compete with a benchmark's host thread. Processes that import the harness compile in-process
+# instead (unless the caller set the variable). It was tried against the slow forward+backward
+# readings of phase 06 and did not cure them (``bench``'s head start did, README 06, session 5);
+# it stays so that runs compile as the committed session-5 rows were compiled. Set through the
+# environment, which Inductor reads when it first decides: importing its config here would add
+# ~3 s to every process's start.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 try:  # the `nvtx` package annotates with less overhead; the GPU image has only torch's binding
     import nvtx as _nvtx
