@@ -1,33 +1,33 @@
-"""The tiny shared harness: device, timing, memory, provenance, CSV rows and reports.
+"""The lab's harness: device, timing, the benchmark runner, memory, provenance, CSV rows, reports.
 
-Importing ``common`` first matters: with no CUDA device it sets ``TRITON_INTERPRET=1``
-before any phase defines a Triton kernel, so every kernel also runs (slowly) on the CPU.
+Importing it changes nothing in the environment; see ``common.device`` for the interpreter switch.
 """
 
-from .device import DEVICE, ON_GPU, describe_device, interpreter_banner, sm_count
+from .device import DEVICE, ON_GPU, describe_device, interpreter_banner, use_interpreter_without_gpu
 from .memory import OutOfMemory, measure_peak_memory
 from .provenance import provenance
 from .results import ResultWriter, failure_row
-from .shapes import SHAPES, TNPShape, resolve_shape
+from .runner import Cell, check_close, run_cells, timed
 from .timing import StageTimer, Timing, bench, graph_replay, nvtx_range
 
 __all__ = [
     "DEVICE",
     "ON_GPU",
-    "SHAPES",
+    "Cell",
     "OutOfMemory",
     "ResultWriter",
     "StageTimer",
-    "TNPShape",
     "Timing",
     "bench",
-    "graph_replay",
+    "check_close",
     "describe_device",
     "failure_row",
+    "graph_replay",
     "interpreter_banner",
     "measure_peak_memory",
     "nvtx_range",
     "provenance",
-    "resolve_shape",
-    "sm_count",
+    "run_cells",
+    "timed",
+    "use_interpreter_without_gpu",
 ]

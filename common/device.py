@@ -1,27 +1,33 @@
-"""Pick the device, and fall back to Triton's interpreter on machines without a GPU.
+"""The device a run measures on, and the switch to Triton's interpreter on machines without a GPU.
 
-Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, so the variable must be set
-before any module that defines a ``@triton.jit`` function is imported. Every phase imports
-``common`` before its kernels, which makes this module the one place that decides.
+Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, so the interpreter must be chosen
+before any module that defines a ``@triton.jit`` function is imported. Importing this module changes
+nothing: the entry points (``python -m phases``, the tests' conftest) call
+:func:`use_interpreter_without_gpu` first.
 """
 
-import functools
 import os
 import sys
 
 import torch
 
 ON_GPU: bool = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+CPU_LABEL = "cpu (TRITON_INTERPRET=1)"
 
-if not ON_GPU:
+
+def use_interpreter_without_gpu() -> bool:
+    """On a machine without a CUDA GPU, set ``TRITON_INTERPRET=1`` (kernels then run on CPU tensors).
+    Returns whether the interpreter is on. Call it before importing ``tritonlab``."""
+    if ON_GPU:
+        return os.environ.get("TRITON_INTERPRET") == "1"
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        # Kernels defined before this point would be compiled for a GPU that is not there.
         print(
-            "warning: triton was imported before common; its kernels may not run on the CPU", file=sys.stderr
+            "warning: triton was imported before the interpreter was chosen; kernels may not run",
+            file=sys.stderr,
         )
     os.environ["TRITON_INTERPRET"] = "1"
-
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+    return True
 
 
 def describe_device() -> dict:
@@ -29,16 +35,7 @@ def describe_device() -> dict:
     if ON_GPU:
         props = torch.cuda.get_device_properties(0)
         return {"gpu": props.name, "sm_count": props.multi_processor_count}
-    return {"gpu": "cpu (TRITON_INTERPRET=1)", "sm_count": 0}
-
-
-@functools.cache
-def sm_count(device: torch.device | int | None = None) -> int:
-    """Multiprocessors of a CUDA device (the current one by default), which persistent kernels
-    size their grids by."""
-    return torch.cuda.get_device_properties(
-        torch.cuda.current_device() if device is None else device
-    ).multi_processor_count
+    return {"gpu": CPU_LABEL, "sm_count": 0}
 
 
 def interpreter_banner() -> str:

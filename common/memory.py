@@ -24,11 +24,6 @@ class PeakMemory:
     def peak_gb(self) -> float:
         return self.peak_bytes / 1e9
 
-    @property
-    def added_gb(self) -> float:
-        """What the region itself added on top of what was allocated when it began."""
-        return (self.peak_bytes - self.start_bytes) / 1e9
-
 
 @contextlib.contextmanager
 def measure_peak_memory():

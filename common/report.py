@@ -1,17 +1,18 @@
 """Render ``reports/<phase>.md`` from that phase's CSVs, and ``reports/README.md`` as the index.
 
-``python -m common.report`` (``just report``) re-renders every phase that has data. A phase may
-ship ``phases/<phase>/report.py`` with ``render(df, fig) -> str`` returning the markdown body; it
-builds on the helpers here. A phase without one gets a plain table of its rows.
+A phase describes its report with a :class:`PhaseReport`: its title, ``render(df, fig) -> str``
+(the markdown body, built on the helpers here) and ``headline(df) -> list[Verdict]`` (the cells
+that say whether the phase met its goal). ``python -m phases report`` (``just report``) hands every
+phase's ``PhaseReport`` to :func:`render_all`; this module knows nothing of the phases themselves.
 
-Only CSVs are read: a report never shows a number that is not in ``reports/data``.
+Only CSVs are read: a report never shows a number that is not in the data directory. Rows from the
+CPU interpreter measure nothing: they are listed as "ran" or "failed", never turned into a ratio.
 """
 
-import argparse
-import importlib.util
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -20,10 +21,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .provenance import REPO_ROOT  # noqa: E402
+from .device import CPU_LABEL  # noqa: E402
 from .results import data_dir  # noqa: E402
 
-CPU_GPU_LABEL = "cpu (TRITON_INTERPRET=1)"
+CPU_GPU_LABEL = CPU_LABEL
 
 
 def reports_dir() -> Path:
@@ -123,9 +124,10 @@ def markdown_table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
 class Figures:
     """Saves matplotlib figures next to a phase's report and returns their markdown links."""
 
-    def __init__(self, phase: str, root: Path):
+    def __init__(self, phase: str, root: Path, gpu: str = ""):
         self.phase = phase
         self.root = root
+        self.gpu = gpu
         (root / "figures").mkdir(parents=True, exist_ok=True)
 
     def line_plot(
@@ -142,7 +144,9 @@ class Figures:
         logx: bool = False,
         logy: bool = False,
     ) -> str:
-        """One line per value of ``series``; returns ``![title](figures/...)``."""
+        """One line per value of ``series``; returns ``![title](figures/...)``. The title gets the GPU
+        appended (name dtype and shape in ``title``); a linear y-axis starts at zero."""
+        title = f"{title} — {self.gpu}" if self.gpu else title
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for label, part in df.sort_values(x).groupby(series):
             ax.plot(part[x], part[y], marker="o", label=str(label))
@@ -151,6 +155,8 @@ class Figures:
             ax.set_xscale("log")
         if logy:
             ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -184,103 +190,194 @@ def default_render(df: pd.DataFrame, fig: Figures) -> str:
     return markdown_table(df.loc[df["status"] == "ok"], [c for c in cols if c in df]) + failures_table(df)
 
 
-def _phase_renderer(phase: str) -> Callable[[pd.DataFrame, Figures], str]:
-    path = REPO_ROOT / "phases" / phase / "report.py"
-    if not path.exists():
-        return default_render
-    spec = importlib.util.spec_from_file_location(f"_report_{phase}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.render
+@dataclass
+class Verdict:
+    """One headline cell: our best against the best baseline measured in the same run, and the goal
+    (a ratio: baseline time / our time, or our throughput / the baseline's)."""
+
+    phase: str
+    cell: str
+    ours: str
+    baseline: str
+    ratio: float
+    goal: float | None
+    gpu: str
+    utc: str
+
+    def verdict(self) -> str:
+        if self.goal is None:
+            return "no goal"
+        if pd.isna(self.ratio):
+            return "not measured"
+        if self.ratio >= self.goal:
+            return "met"
+        return f"missed by {100 * (1 - self.ratio / self.goal):.0f}%"
+
+    def as_row(self) -> dict:
+        return {
+            "phase": self.phase,
+            "headline cell": self.cell,
+            "ours": self.ours,
+            "best baseline": self.baseline,
+            "ratio": self.ratio,
+            "goal": "" if self.goal is None else f"≥ {self.goal:g}×",
+            "verdict": self.verdict(),
+            "GPU": self.gpu,
+            "date": str(self.utc)[:10],
+        }
 
 
-def _title(phase: str) -> str:
-    readme = REPO_ROOT / "phases" / phase / "README.md"
-    if readme.exists():
-        first = readme.read_text().splitlines()[0]
-        return first.lstrip("# ").strip()
-    return phase
+def best_baseline_verdict(
+    phase: str,
+    df: pd.DataFrame,
+    *,
+    cell: str,
+    where: dict,
+    ours: str | list[str],
+    baselines: list[str],
+    goal: float | None,
+    metric: str = "ms",
+    higher_is_better: bool = False,
+) -> Verdict | None:
+    """The verdict of one headline cell from the latest run group that measured ``ours`` there.
+
+    ``where`` selects the cell's rows (column -> value); ``ours`` is our variant (or the candidates, the
+    best of which counts); the ratio is taken against the best of ``baselines`` in the same run group.
+    None when the cell has no ok row of ours."""
+    rows = df.loc[df["status"] == "ok"]
+    for col, value in where.items():
+        if col not in rows:
+            return None
+        rows = rows.loc[rows[col].astype(str) == str(value)]
+    candidates = [ours] if isinstance(ours, str) else list(ours)
+    mine = rows.loc[rows["variant"].isin(candidates)]
+    if mine.empty or metric not in rows:
+        return None
+    group = mine.sort_values("utc")["run_group"].iloc[-1]
+    rows = rows.loc[rows["run_group"] == group]
+    values = rows.groupby("variant")[metric].median()
+    pick = values.reindex(candidates).dropna()
+    base = values.reindex(baselines).dropna()
+    best_ours = pick.idxmax() if higher_is_better else pick.idxmin()
+    if base.empty:
+        ratio, best_base = float("nan"), "none measured"
+    else:
+        best_base = base.idxmax() if higher_is_better else base.idxmin()
+        ratio = pick[best_ours] / base[best_base] if higher_is_better else base[best_base] / pick[best_ours]
+    return Verdict(
+        phase, cell, best_ours, best_base, float(ratio), goal, rows["gpu"].iloc[0], rows["utc"].max()
+    )
 
 
-def render_phase(phase: str, out_dir: Path | None = None) -> Path | None:
-    """Write ``reports/<phase>.md`` from the phase's CSVs; returns its path (None without data).
+def verdict_table(verdicts: list[Verdict]) -> str:
+    if not verdicts:
+        return "_no headline cell measured yet_\n"
+    return markdown_table(pd.DataFrame([v.as_row() for v in verdicts]))
 
-    GPU runs come first; rows from CPU runs (the interpreter) are shown last and marked as smoke
-    runs, since their times check that the code runs and measure nothing.
+
+@dataclass
+class PhaseReport:
+    """What ``render_phase`` needs of a phase: its directory name, title, body and headline cells."""
+
+    name: str
+    title: str
+    render: Callable[[pd.DataFrame, "Figures"], str] = default_render
+    headline: Callable[[pd.DataFrame], list[Verdict]] = field(default=lambda df: [])
+
+
+def smoke_section(df: pd.DataFrame) -> str:
+    """CPU rows: which cells ran in the interpreter and which failed -- no times, no ratios."""
+    cols = [c for c in ["variant", "shape", "dtype", "status", "error", "utc", "git_commit"] if c in df]
+    return (
+        "Rows from Triton's interpreter on the CPU: they check that the code runs and measure "
+        "nothing, so no time, ratio or verdict is shown.\n\n" + markdown_table(df, cols)
+    )
+
+
+def gpu_rows(df: pd.DataFrame) -> pd.DataFrame:
+    return df.loc[df["gpu"] != CPU_GPU_LABEL] if not df.empty else df
+
+
+def render_phase(report: PhaseReport, out_dir: Path | None = None) -> Path | None:
+    """Write ``<out_dir>/<phase>.md`` from the phase's CSVs; returns its path (None without data).
+
+    The report opens with the headline verdicts of the newest GPU; each GPU gets its own section.
+    CPU rows appear only in a smoke section, and only where there are no GPU rows (a CPU run's own
+    report, under ``out/cpu``), so a committed report shows GPU rows alone.
     """
+    phase = report.name
     out_dir = out_dir or reports_dir()
     df = load_phase(phase)
     if df.empty:
         return None
-    render = _phase_renderer(phase)
-    on_gpu = df.loc[df["gpu"] != CPU_GPU_LABEL]
-    on_cpu = df.loc[df["gpu"] == CPU_GPU_LABEL]
+    on_gpu = gpu_rows(df)
     parts = [
-        f"# {_title(phase)}\n",
-        f"_Generated by `just report` from `reports/data/{phase}/*.csv`; do not edit by hand._\n",
+        f"# {report.title}\n",
+        f"_Generated by `just report` from `{_display(data_dir() / phase)}/*.csv`; do not edit by hand._\n",
     ]
     # Rows of different GPU models are never compared: each gets its own section, newest first.
     gpus = on_gpu.groupby("gpu")["utc"].max().sort_values(ascending=False).index
+    if len(gpus):
+        latest = on_gpu.loc[on_gpu["gpu"] == gpus[0]]
+        parts += ["## Verdict\n", verdict_table(report.headline(latest))]
     for i, gpu in enumerate(gpus):
         if len(gpus) > 1:
             parts.append(f"## On the {gpu}\n")
         # The newest GPU's figures keep the plain names the READMEs link; older GPUs' get a suffix.
         slug = phase if i == 0 else f"{phase}_{re.sub(r'[^a-z0-9]+', '_', gpu.lower()).strip('_')}"
-        parts.append(render(on_gpu.loc[on_gpu["gpu"] == gpu], Figures(slug, out_dir)))
+        parts.append(report.render(on_gpu.loc[on_gpu["gpu"] == gpu], Figures(slug, out_dir, gpu)))
     if len(gpus):
         parts += ["\n## Runs\n\n", provenance_table(on_gpu)]
     else:
-        parts.append("No GPU rows yet: run this phase on a CUDA machine.\n")
-    if not on_cpu.empty:
-        cpu_fig = Figures(f"{phase}_cpu", out_dir)
-        parts += ["\n## CPU smoke runs (Triton interpreter; not measurements)\n\n", render(on_cpu, cpu_fig)]
+        parts += [
+            "No GPU rows here: run this phase on a CUDA machine for measurements.\n\n",
+            "## CPU smoke runs\n\n",
+        ]
+        parts.append(smoke_section(df))
     path = out_dir / f"{phase}.md"
     write_atomically(path, lambda tmp: tmp.write_text("\n".join(parts)))
     return path
 
 
-def render_all(out_dir: Path | None = None) -> list[Path]:
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def render_all(reports: list[PhaseReport], out_dir: Path | None = None) -> list[Path]:
     out_dir = out_dir or reports_dir()
-    phases = sorted(p.name for p in data_dir().iterdir() if p.is_dir()) if data_dir().exists() else []
-    written = [p for p in (render_phase(ph, out_dir) for ph in phases) if p is not None]
-    write_index(out_dir, phases)
+    written = [p for p in (render_phase(r, out_dir) for r in reports) if p is not None]
+    write_index(out_dir, reports)
     return written
 
 
-def write_index(out_dir: Path, phases_with_data: list[str]) -> Path:
-    rows = []
-    for phase_dir in sorted((REPO_ROOT / "phases").iterdir()):
-        if not (phase_dir / "__init__.py").exists():
+def write_index(out_dir: Path, reports: list[PhaseReport]) -> Path:
+    """``README.md`` of the reports: one verdict table at a glance, then every phase's report."""
+    verdicts, rows = [], []
+    for report in reports:
+        name = report.name
+        what = report.title.removeprefix(name).lstrip(" —·:-")
+        df = load_phase(name)
+        on_gpu = gpu_rows(df)
+        if on_gpu.empty:
+            where = "CPU only" if not df.empty else "no data yet"
+            rows.append(f"| {name} | {what} | {where} | |")
             continue
-        name = phase_dir.name
-        what = _title(name).removeprefix(name).lstrip(" —·:-")
-        if name in phases_with_data:
-            df = load_phase(name)
-            gpus = ", ".join(sorted(g for g in df["gpu"].unique() if g != CPU_GPU_LABEL)) or "CPU only"
-            rows.append(f"| [{name}]({name}.md) | {what} | {gpus} | {df['utc'].max()} |")
-        else:
-            rows.append(f"| {name} | {what} | no data yet | |")
+        newest_gpu = on_gpu.groupby("gpu")["utc"].max().idxmax()
+        verdicts += report.headline(on_gpu.loc[on_gpu["gpu"] == newest_gpu])
+        gpus = ", ".join(sorted(on_gpu["gpu"].unique()))
+        rows.append(f"| [{name}]({name}.md) | {what} | {gpus} | {on_gpu['utc'].max()} |")
     text = (
         "# Reports\n\n_Generated by `just report`; every number comes from `reports/data/`._\n\n"
-        "| phase | what | measured on | last row (UTC) |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+        "## Where each phase stands\n\nOur result against the best baseline measured in the same run "
+        "(ratio > 1: ours is faster), on the newest GPU that ran the phase.\n\n"
+        + verdict_table(verdicts)
+        + "\n## Every report\n\n| phase | what | measured on | last GPU row (UTC) |\n|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n"
     )
     path = out_dir / "README.md"
     write_atomically(path, lambda tmp: tmp.write_text(text))
     return path
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phases", nargs="*", help="phase directories to render (default: all with data)")
-    args = parser.parse_args()
-    if args.phases:
-        for phase in args.phases:
-            print(render_phase(phase) or f"{phase}: no data")
-        write_index(reports_dir(), sorted(p.name for p in data_dir().iterdir() if p.is_dir()))
-    else:
-        for path in render_all():
-            print(path)
-
-
-if __name__ == "__main__":
-    main()

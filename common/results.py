@@ -13,6 +13,7 @@ import platform
 import traceback
 from pathlib import Path
 
+from .device import ON_GPU
 from .provenance import REPO_ROOT, provenance
 
 # Columns every row has, in this order, ahead of the measurements.
@@ -20,7 +21,11 @@ KEY_COLUMNS = ["phase", "variant", "shape", "dtype", "status", "error"]
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("TRITONLAB_DATA_DIR", REPO_ROOT / "reports" / "data"))
+    """Where rows go: ``TRITONLAB_DATA_DIR`` if set (``--out``, the tests), else ``reports/data`` on a
+    GPU and the ignored ``out/cpu/data`` on the CPU, so a smoke run never touches tracked files."""
+    if os.environ.get("TRITONLAB_DATA_DIR"):
+        return Path(os.environ["TRITONLAB_DATA_DIR"])
+    return REPO_ROOT / "reports" / "data" if ON_GPU else REPO_ROOT / "out" / "cpu" / "data"
 
 
 _WRITERS_IN_THIS_PROCESS = itertools.count()
@@ -41,9 +46,11 @@ def _run_id() -> str:
 
 def failure_row(err: BaseException) -> dict:
     """The ``status`` and ``error`` columns of a cell that did not finish."""
+    import torch
+
     from .memory import OutOfMemory
 
-    status = "oom" if isinstance(err, OutOfMemory) else "error"
+    status = "oom" if isinstance(err, OutOfMemory | torch.OutOfMemoryError) else "error"
     last = traceback.format_exception_only(type(err), err)[-1].strip()
     return {"status": status, "error": last[:500]}
 

@@ -17,14 +17,13 @@ import torch
 
 from .device import ON_GPU
 
-# torch.compile's first call starts a pool of compile worker processes (one per core), which could
-# compete with a benchmark's host thread. Processes that import the harness compile in-process
-# instead (unless the caller set the variable). It was tried against the slow forward+backward
-# readings of phase 06 and did not cure them (``bench``'s head start did, README 06, session 5);
-# it stays so that runs compile as the committed session-5 rows were compiled. Set through the
-# environment, which Inductor reads when it first decides: importing its config here would add
-# ~3 s to every process's start.
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+def compile_in_process() -> None:
+    """Have torch.compile compile in this process instead of starting a pool of worker processes
+    (one per core) that would compete with a benchmark's host thread; the committed rows were
+    compiled this way. Entry points call it; it respects a value the caller already set."""
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 
 try:  # the `nvtx` package annotates with less overhead; the GPU image has only torch's binding
     import nvtx as _nvtx
@@ -133,8 +132,8 @@ def bench(
     ``head_start_ms`` > 0 queues a GPU sleep that long before each timed call. The host then
     enqueues the call while the GPU sleeps, so the interval is the GPU's time for the call even
     where the host stalls for a moment. For calls whose time is the GPU's anyway: phase 06's
-    forward+backward steps at ~1 ms read up to 1.7× their forward plus backward without it
-    (README 06, session 5). Host-bound measurements must leave it at 0.
+    forward+backward steps at ~1 ms read up to 1.7× their forward plus backward without it.
+    Host-bound measurements must leave it at 0.
     """
     if ON_GPU:
         torch.cuda.synchronize()

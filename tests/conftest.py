@@ -1,9 +1,11 @@
-"""Shared test set-up: the harness first (it decides interpreter mode), rows to a temporary dir."""
+"""Shared test set-up: the interpreter chosen before any kernel is imported, rows to a temporary dir."""
 
 import pytest
 import torch
 
-import common  # noqa: F401  -- must precede any module that defines Triton kernels
+from common.device import use_interpreter_without_gpu
+
+use_interpreter_without_gpu()  # before any test module imports tritonlab's kernels
 
 
 def pytest_collection_modifyitems(config, items):

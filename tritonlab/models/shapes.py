@@ -2,8 +2,6 @@
 
 from dataclasses import dataclass
 
-from .device import ON_GPU
-
 
 @dataclass(frozen=True)
 class TNPShape:
@@ -26,17 +24,15 @@ SHAPES: dict[str, TNPShape] = {
     "mid": TNPShape("mid", 10_000, 1_000, 4),
     "large": TNPShape("large", 200_000, 5_000, 1),
     # What a machine without a GPU runs: big enough to cross a block boundary, small enough
-    # for Triton's interpreter.
+    # for Triton's interpreter. Not one of the spec's shapes.
     "tiny": TNPShape("tiny", 37, 11, 2),
 }
 
 
 def resolve_shape(
-    name: str | None, batch: int | None = None, m_context: int | None = None, n_target: int | None = None
+    name: str, batch: int | None = None, m_context: int | None = None, n_target: int | None = None
 ) -> TNPShape:
-    """The named shape, with any overrides, after checking every field; ``None`` picks
-    ``small`` on a GPU and ``tiny`` on the CPU."""
-    name = name or ("small" if ON_GPU else "tiny")
+    """The named shape, with any overrides, after checking every field."""
     if name not in SHAPES:
         raise ValueError(f"shape: unknown shape {name!r}; expected one of {', '.join(SHAPES)}")
     base = SHAPES[name]

@@ -18,11 +18,11 @@ import triton
 from triton import knobs
 from triton.runtime.driver import driver
 
-from .device import DEVICE
+from ._runtime import INTERPRET
 
 
 def _descriptor_scratch(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device=DEVICE)
+    return torch.empty(size, dtype=torch.int8, device="cpu" if INTERPRET else "cuda")
 
 
 def use_descriptor_scratch() -> None:

@@ -1,0 +1,18 @@
+"""tritonlab: GPU training kernels written in Triton.
+
+Import the kernels by what they compute::
+
+    from tritonlab.attention import attention, fused_attention, attention_forward
+    from tritonlab.mlp import fused_mlp
+    from tritonlab.grouped_gemm import gmm_heads
+    from tritonlab.gmm import gmm_nll
+    from tritonlab.ops import rms_norm, gelu, swiglu, rope, cross_entropy, quantize_fp8
+
+Every kernel runs on a CUDA GPU. On a machine without one, Triton's interpreter runs the same
+kernels on CPU tensors (slowly, for tests and smoke runs): set ``TRITON_INTERPRET=1`` in the
+environment *before* ``tritonlab`` (or anything else that defines Triton kernels) is imported,
+as the lab's entry points do (``python -m phases`` and the tests' conftest). Importing tritonlab
+never changes the environment.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,86 @@
+"""Helpers for checking kernels against references, shared by the tests and the benchmarks.
+
+- ``rel_err``: ``||got - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN, which fails any bound);
+- ``same_layout_leaf``: a fresh leaf tensor that keeps a view's strides (``clone()`` would make it dense);
+- ``output_and_grads`` / ``check_against_float64``: a function's output and input gradients
+  against a reference run in float64 on the same inputs;
+- ``poisoned_empty``: new tensors NaN-filled, so an output element a kernel forgets to write shows
+  up instead of passing on stale memory;
+- ``DTYPES`` / ``dtype_name``: the short dtype names rows and command lines use.
+"""
+
+import contextlib
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> "bf16" (the names of ``DTYPES``; others by their torch name)."""
+    for name, d in DTYPES.items():
+        if d == dtype:
+            return name
+    return str(dtype).removeprefix("torch.")
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor, scale: float = 0.0) -> float:
+    """||got - ref|| / max(||ref||, scale) in float64.
+
+    ``scale`` is for results that cancel to almost nothing (RMSNorm's dx at width 1): the size of the
+    terms that cancelled is then the yardstick for rounding error, not the tiny remainder."""
+    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
+    return ((got - ref).norm() / max(ref.norm().item(), scale, 1e-300)).item()
+
+
+def max_abs_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return (got.detach().double() - ref.detach().double()).abs().max().item()
+
+
+def same_layout_leaf(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A fresh leaf with t's values and t's very strides (in ``dtype`` if given). ``clone()`` would
+    make a view with gaps (every second column, one of q/k/v in a fused projection) dense, and a
+    test would no longer pass the layout it means to."""
+    copy = torch.empty_strided(t.shape, t.stride(), dtype=dtype or t.dtype, device=t.device)
+    return copy.copy_(t.detach()).requires_grad_(t.requires_grad or t.is_floating_point())
+
+
+def output_and_grads(fn, inputs, grad_out, dtype: torch.dtype | None = None):
+    """[fn's output, the gradient of every input] on fresh leaves with the inputs' layouts."""
+    leaves = [same_layout_leaf(t, dtype) for t in inputs]
+    out = fn(*leaves)
+    grad = grad_out if dtype is None else grad_out.to(dtype)
+    return [out, *torch.autograd.grad(out, leaves, grad)]
+
+
+def check_against_float64(fn, reference, inputs, grad_out, tol: float, names) -> dict[str, float]:
+    """fn's output and input gradients (``names``, in that order) against ``reference`` run in
+    float64; asserts dtype, shape, finiteness and ``rel_err < tol`` for each, returns the errors."""
+    got = output_and_grads(fn, inputs, grad_out)
+    want = output_and_grads(reference, inputs, grad_out, dtype=torch.float64)
+    errors = {}
+    for name, g, w in zip(names, got, want, strict=True):
+        assert g.dtype == inputs[0].dtype, (name, g.dtype)
+        assert g.shape == w.shape, (name, g.shape, w.shape)
+        assert torch.isfinite(g).all(), f"{name}: not finite"
+        errors[name] = rel_err(g, w)
+        assert errors[name] < tol, (name, errors[name], tol)
+    return errors
+
+
+@contextlib.contextmanager
+def poisoned_empty():
+    """Inside the block every new float tensor from ``torch.empty``-like calls is NaN-filled (integers
+    get their maximum), so an output element a kernel forgets to write fails every check instead of
+    passing on stale memory. Uses PyTorch's own switch (deterministic mode, warnings only)."""
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[1]

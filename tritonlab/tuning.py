@@ -1,0 +1,93 @@
+"""What every autotuned kernel shares: the precision of its dots, the configs that fit the GPU, and
+an explicit record of the config each launch picked.
+
+- float32 inputs give float32 results. ``dot_precision`` follows PyTorch's own switch,
+  ``torch.get_float32_matmul_precision()``: "highest" (the default) means IEEE float32 dots;
+  "high" or "medium" allow TF32, as they do for ``torch.matmul``. 16-bit dots ignore it.
+- ``fits_shared_memory`` prunes a config space by the element size of the inputs and the shared
+  memory of the GPU the kernel runs on, so a float32 call never asks for more than the hardware has.
+- ``quiet_compile_failures`` turns a config the compiler cannot build, while tuning, into one
+  warning line instead of Triton's dump of the whole PTX.
+- ``ConfigRecord`` keeps the config a kernel's launch picked, per kernel, for whoever asked for it
+  (a benchmark row); nothing is kept in module globals.
+"""
+
+import contextlib
+import functools
+import io
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from ._runtime import INTERPRET
+
+logger = logging.getLogger("tritonlab")
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` for ``tl.dot`` on inputs of ``dtype``: "ieee" for float32 unless PyTorch
+    allows TF32 (``torch.set_float32_matmul_precision("high")``), "tf32" otherwise (ignored for
+    16-bit inputs, whose dots are exact products with float32 sums either way)."""
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+        return "ieee"
+    return "tf32"
+
+
+@functools.cache
+def shared_memory_bytes(device_index: int | None = None) -> int:
+    """The most shared memory one program may use on this GPU (opt-in limit, per block)."""
+    if INTERPRET:
+        return 1 << 30  # the interpreter has no limit; only a test's time does
+    index = torch.cuda.current_device() if device_index is None else device_index
+    props = torch.cuda.get_device_properties(index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or 232_448)
+
+
+def fits_shared_memory(need_bytes: int, device_index: int | None = None, headroom: float = 1.0) -> bool:
+    """Whether a config that stages ``need_bytes`` in shared memory can launch on this GPU."""
+    return need_bytes * headroom <= shared_memory_bytes(device_index)
+
+
+def pipelined_tile_bytes(tile_elems: int, element_size: int, num_stages: int) -> int:
+    """Shared memory of a software-pipelined loop: each stage buffers its input tiles."""
+    return tile_elems * element_size * max(num_stages, 1)
+
+
+def describe_config(config) -> str:
+    """A ``triton.Config`` as one short string for a CSV cell: tile sizes, warps, stages."""
+    if config is None:
+        return ""
+    parts = [f"{k}={v}" for k, v in config.kwargs.items()]
+    parts += [f"warps={config.num_warps}", f"stages={config.num_stages}"]
+    return ",".join(parts)
+
+
+@dataclass
+class ConfigRecord:
+    """The configs the launches of a call picked, by kernel name: pass one to a public function's
+    ``record=`` argument and read ``record.picked`` afterwards."""
+
+    picked: dict[str, str] = field(default_factory=dict)
+
+    def note(self, kernel: str, config) -> None:
+        self.picked[kernel] = config if isinstance(config, str) else describe_config(config)
+
+
+@contextlib.contextmanager
+def quiet_compile_failures(kernel: str):
+    """Around an autotuned launch: a config the compiler cannot build (Triton's autotuner skips it)
+    makes Triton print the whole PTX to stdout, thousands of lines; keep that out of the user's
+    terminal and say it in one warning line instead."""
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        yield
+    text = captured.getvalue()
+    if "ptxas" in text or "PTX" in text:
+        first = next((line for line in text.splitlines() if "ptxas" in line), "a compile error")
+        logger.warning(
+            "%s: a config failed to compile while tuning and was skipped (%s)", kernel, first.strip()
+        )
+    elif text:
+        sys.stdout.write(text)
