@@ -22,7 +22,7 @@ test-slurm *ARGS:
 
 # Re-render every markdown report from the CSVs under reports/data
 report *PHASES:
-    {{PY}} -m common.report {{PHASES}}
+    {{PY}} -m phases report {{PHASES}}
 
 # ruff: lint and format check
 lint:

@@ -25,10 +25,11 @@ from collections.abc import Callable
 
 import torch
 
+from tritonlab.models import TNPShape, resolve_shape
+
 from .device import ON_GPU
 from .report import load_phase, markdown_table
 from .results import ResultWriter
-from .shapes import TNPShape, resolve_shape
 
 # Raw metric names of Nsight Compute 2025 on sm_90, and the columns they become.
 METRICS = {

@@ -9,14 +9,16 @@
     python -m slurm.matrix placement -- -p gpu --time=1:00:00   # of those, where to run: --partition=gpu
 
 ``slurm/run_matrix.sbatch`` calls these; nothing here needs Slurm except ``forward`` and the job
-states ``collect`` quotes. The cells are phase 01's shapes x SDPA backends, chosen by environment
-variables so that the templates never need editing:
+states ``collect`` quotes. The cells are one phase's shapes (x SDPA backends for phase 01), chosen by
+environment variables so that the templates never need editing:
 
-    TRITONLAB_MATRIX=gpu|cpu       gpu (default): small, mid, large x cudnn, flash, efficient, math,
-                                   eager and compile; cpu: the tiny shape x math, flash (the SDPA
-                                   backends PyTorch has on the CPU), eager, 2 steps -- a smoke run
+    TRITONLAB_MATRIX_PHASE         the phase, by number or name (default 01_baseline); any phase that
+                                   takes --shape runs one array task per shape
+    TRITONLAB_MATRIX=gpu|cpu       gpu (default): small, mid, large (phase 01: x cudnn, flash,
+                                   efficient, math, eager and compile); cpu: the tiny shape (phase 01:
+                                   x math, flash, eager, 2 steps) -- a smoke run
     TRITONLAB_MATRIX_SHAPES        override the shapes, e.g. "small mid"
-    TRITONLAB_MATRIX_BACKENDS      override the backends, e.g. "cudnn flash"
+    TRITONLAB_MATRIX_BACKENDS      phase 01: override the backends, e.g. "cudnn flash"
     TRITONLAB_MATRIX_ARGS          extra phase arguments for every cell, e.g. "--steps 20"
 
 A cell whose process dies (a crash, a bad argument, a kill) still leaves rows: ``run-cell`` writes a
@@ -34,7 +36,7 @@ import sys
 from collections import deque
 from dataclasses import dataclass
 
-PHASE = "01_baseline"
+PHASE = "01_baseline"  # the default phase: the TransformerNP training step on SDPA
 
 PRESETS = {
     "gpu": {
@@ -57,17 +59,20 @@ CELL_ARGS = ("--shape", "--sdpa-backend", "--modes", "--dtype")
 
 @dataclass(frozen=True)
 class Cell:
-    """One array task: phase 01 at one shape with one SDPA backend, in every mode."""
+    """One array task: a phase at one shape (phase 01: with one SDPA backend, in every mode)."""
 
     shape: str
-    backend: str
-    modes: tuple[str, ...]
+    backend: str | None = None
+    modes: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
+    phase: str = PHASE
 
     @property
     def argv(self) -> list[str]:
-        """``python -m phases <argv>``; modes and dtype are explicit, so the rows a cell must
-        write follow from its arguments alone, whatever machine reads them."""
+        """``python -m phases <argv>``; for phase 01 modes and dtype are explicit, so the rows a cell
+        must write follow from its arguments alone, whatever machine reads them."""
+        if self.phase != PHASE:
+            return [self.phase, "--shape", self.shape, *self.extra]
         return [
             PHASE,
             "--shape",
@@ -82,8 +87,11 @@ class Cell:
         ]
 
     def expected_rows(self) -> list[dict]:
-        """The key and shape columns of the rows phase 01 writes for this cell."""
-        from common import SHAPES
+        """The key columns of the rows this cell writes: phase 01's are known in advance; of another
+        phase's, at least one row at the cell's shape (its variants are the phase's to choose)."""
+        if self.phase != PHASE:
+            return [{"variant": "(every variant)", "shape": self.shape}]
+        from tritonlab.models import SHAPES
 
         shape = SHAPES.get(self.shape)
         dims = (
@@ -113,9 +121,22 @@ def _words(value: str) -> tuple[str, ...]:
     return tuple(value.replace(",", " ").split())
 
 
+def matrix_phase(env) -> str:
+    from phases.__main__ import phase_names, resolve
+
+    name = env.get("TRITONLAB_MATRIX_PHASE", PHASE)
+    phase = resolve(name)
+    if phase is None:
+        raise ValueError(
+            f"TRITONLAB_MATRIX_PHASE: unknown {name!r}; expected one of {', '.join(phase_names())}"
+        )
+    return phase
+
+
 def cells(env: dict | None = None) -> list[Cell]:
     """The matrix the environment asks for, in array-index order."""
     env = os.environ if env is None else env
+    phase = matrix_phase(env)
     kind = env.get("TRITONLAB_MATRIX", "gpu")
     if kind not in PRESETS:
         raise ValueError(f"TRITONLAB_MATRIX: unknown {kind!r}; expected one of {', '.join(PRESETS)}")
@@ -130,6 +151,9 @@ def cells(env: dict | None = None) -> list[Cell]:
             "backends with TRITONLAB_MATRIX_SHAPES and TRITONLAB_MATRIX_BACKENDS"
         )
     # The phase checks shapes and backends itself: a bad one makes a failure row, like any failed cell.
+    if phase != PHASE:
+        extra = tuple(tuple(shlex.split(env.get("TRITONLAB_MATRIX_ARGS", ""))))
+        return [Cell(shape, extra=extra, phase=phase) for shape in shapes]
     return [Cell(shape, backend, preset["modes"], extra) for shape in shapes for backend in backends]
 
 
@@ -165,12 +189,12 @@ def as_array_task(array_job_id: str, task_id: int):
                 os.environ[key] = value
 
 
-def rows_of_task(array_job_id: str, task_id: int) -> list[dict]:
+def rows_of_task(array_job_id: str, task_id: int, phase: str = PHASE) -> list[dict]:
     """Every row an array task has written (its CSVs are named after it: ``*-a<job>_<task>.csv``)."""
     from common.results import data_dir
 
     rows = []
-    for path in sorted((data_dir() / PHASE).glob(f"*-a{array_job_id}_{task_id}.csv")):
+    for path in sorted((data_dir() / phase).glob(f"*-a{array_job_id}_{task_id}.csv")):
         with open(path, newline="") as f:
             rows += list(csv.DictReader(f))
     return rows
@@ -182,13 +206,18 @@ def record_missing(cell: Cell, error: str) -> list[dict]:
     from common import ResultWriter
 
     job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    written = (
-        {(row["variant"], row["shape"]) for row in rows_of_task(job, int(task))} if job and task else set()
-    )
-    missing = [row for row in cell.expected_rows() if (row["variant"], row["shape"]) not in written]
+    rows = rows_of_task(job, int(task), cell.phase) if job and task else []
+    written = {(row["variant"], row["shape"]) for row in rows}
+    shapes_written = {row["shape"] for row in rows}
+    missing = [
+        row
+        for row in cell.expected_rows()
+        if (row["variant"], row["shape"]) not in written
+        and not (cell.phase != PHASE and row["shape"] in shapes_written)
+    ]
     if not missing:
         return []
-    writer = ResultWriter(PHASE)
+    writer = ResultWriter(cell.phase)
     return [writer.write({**row, "status": "error", "error": error[:500]}) for row in missing]
 
 
@@ -225,11 +254,11 @@ def _job_state(job: str) -> str:
 
 def collect(array_job_id: str) -> None:
     """Once the whole array has ended: fill the gaps with failure rows, then re-render the report of
-    the matrix's phase and the index (what `python -m common.report 01_baseline` does)."""
-    from common.report import render_phase, reports_dir, write_index
-    from common.results import data_dir
+    the matrix's phase and the index (what `python -m phases report <phase>` does)."""
+    from phases.__main__ import report
 
-    for index, cell in enumerate(cells()):
+    matrix = cells()
+    for index, cell in enumerate(matrix):
         with as_array_task(array_job_id, index):
             # Slurm keeps no record of a task cancelled while pending, nor of any after MinJobAge.
             state = _job_state(f"{array_job_id}_{index}") or "no record: cancelled before it started?"
@@ -238,8 +267,7 @@ def collect(array_job_id: str) -> None:
             )
         if rows:
             print(f"cell {index} ({state}): recorded {len(rows)} failure row(s)")
-    print(f"report: {render_phase(PHASE)}")
-    print(f"index: {write_index(reports_dir(), sorted(p.name for p in data_dir().iterdir() if p.is_dir()))}")
+    report([matrix[0].phase] if matrix else [PHASE])
 
 
 # --- resubmission --------------------------------------------------------------------------------

@@ -108,12 +108,3 @@ class LaunchCache:
             kernel, grid, other_args, _ = launch
             launch_compiled(kernel, grid, tensors + other_args)
         return launch[3]
-
-
-def check_offset_range(name: str, rows: int, widest_row: int) -> None:
-    """Kernels that index rows with 32-bit offsets: refuse, rather than wrap around, when the widest
-    (rows, ·) matrix they address -- ``widest_row`` values a row, counted padded -- reaches 2**31."""
-    if rows * widest_row >= 2**31:
-        raise ValueError(
-            f"{name}: {rows} rows x {widest_row} values reach 2**31, past the kernels' 32-bit offsets"
-        )

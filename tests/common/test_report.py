@@ -3,7 +3,17 @@
 import pandas as pd
 import pytest
 
-from common.report import add_speedup, format_number, load_phase, render_phase, select_latest
+from common.report import (
+    CPU_GPU_LABEL,
+    PhaseReport,
+    add_speedup,
+    best_baseline_verdict,
+    format_number,
+    load_phase,
+    render_phase,
+    select_latest,
+    write_index,
+)
 from common.results import data_dir
 
 FIXTURE = """phase,variant,shape,dtype,status,error,ms,gpu,utc,run_group,run_id,git_commit
@@ -43,8 +53,18 @@ def test_speedup_only_within_a_run(demo_phase):
     assert out.loc[out["gpu"] == "A100", "speedup_vs_base"].isna().all()  # no baseline in its run
 
 
+def demo_headline(df):
+    verdict = best_baseline_verdict(
+        "demo", df, cell="s", where={"shape": "s"}, ours="fast", baselines=["base"], goal=2.5
+    )
+    return [verdict] if verdict else []
+
+
+DEMO = PhaseReport("demo", "demo — a fixture", headline=demo_headline)
+
+
 def test_render_writes_markdown_with_failures(demo_phase):
-    path = render_phase("demo")
+    path = render_phase(DEMO)
     text = path.read_text()
     assert "do not edit by hand" in text and "out of memory" in text
     assert "| fast" in text and "r2" in text
@@ -58,7 +78,35 @@ def test_number_format():
 
 
 def test_each_gpu_gets_its_own_section(demo_phase):
-    text = render_phase("demo").read_text()
+    text = render_phase(DEMO).read_text()
     assert "## On the H100" in text and "## On the A100" in text
     # one section per GPU, never two for the same one
     assert text.count("## On the H100") == 1
+
+
+def test_report_opens_with_the_verdict_of_the_newest_run(demo_phase):
+    text = render_phase(DEMO).read_text()
+    verdict = text.split("## Verdict", 1)[1].split("##", 1)[0]
+    assert "| 3 " in verdict and "met" in verdict  # r2: 12 / 4, against a 2.5x goal
+
+
+def test_verdict_says_by_how_much_a_goal_was_missed(demo_phase):
+    h100 = demo_phase.loc[demo_phase["run_group"] == "r1"]
+    (verdict,) = demo_headline(h100)
+    assert verdict.ratio == pytest.approx(2.0) and verdict.verdict() == "missed by 20%"
+
+
+def test_index_opens_with_one_verdict_table(demo_phase, tmp_path):
+    text = write_index(tmp_path, [DEMO, PhaseReport("empty", "empty — nothing")]).read_text()
+    assert text.index("Where each phase stands") < text.index("Every report")
+    assert "| demo " in text and "met" in text and "no data yet" in text
+
+
+def test_cpu_rows_get_no_times_ratios_or_verdicts(tmp_path):
+    path = tmp_path / "data" / "smoke"
+    path.mkdir(parents=True)
+    (path / "run.csv").write_text(FIXTURE.replace("H100", CPU_GPU_LABEL).replace("A100", CPU_GPU_LABEL))
+    text = render_phase(PhaseReport("smoke", "smoke — cpu", headline=demo_headline), tmp_path).read_text()
+    assert "measure" in text and "## Verdict" not in text and "met" not in text
+    smoke = text.split("CPU smoke runs", 1)[1]
+    assert "10.0" not in smoke and "| ms" not in smoke  # no times shown

@@ -88,7 +88,7 @@ def all_logs(checkout: Path) -> str:
 
 def read_rows(checkout: Path) -> list[dict]:
     rows = []
-    for path in sorted((checkout / "reports" / "data" / PHASE).glob("*.csv")):
+    for path in sorted((checkout / "out" / "cpu" / "data" / PHASE).glob("*.csv")):
         with open(path, newline="") as f:
             rows += list(csv.DictReader(f))
     return rows
@@ -135,7 +135,7 @@ def test_matrix_writes_a_row_per_cell_and_the_report(cluster, checkout):
         assert row["status"] == "ok", row
         assert float(row["step_ms"]) > 0 and float(row["tokens_per_s"]) > 0, row
 
-    report = checkout / "reports" / f"{PHASE}.md"
+    report = checkout / "out" / "cpu" / f"{PHASE}.md"
     collector_log = (checkout / "reports" / "logs" / f"tritonlab-collect-{jobs['collector']}.out").read_text()
     assert f"report: {report}" in collector_log, collector_log
     text = report.read_text()
@@ -144,7 +144,7 @@ def test_matrix_writes_a_row_per_cell_and_the_report(cluster, checkout):
     assert (checkout / "reports" / "README.md").exists()
 
     # The same cell run directly, without Slurm, writes rows and a report of the same form.
-    before = set((checkout / "reports" / "data" / PHASE).glob("*.csv"))
+    before = set((checkout / "out" / "cpu" / "data" / PHASE).glob("*.csv"))
     direct = subprocess.run(
         [sys.executable, "-m", "phases", *matrix[0].argv],
         cwd=checkout,
@@ -154,8 +154,8 @@ def test_matrix_writes_a_row_per_cell_and_the_report(cluster, checkout):
         timeout=120,
     )
     assert direct.returncode == 0, direct.stderr[-3000:]
-    (direct_csv,) = set((checkout / "reports" / "data" / PHASE).glob("*.csv")) - before
-    slurm_csv = next((checkout / "reports" / "data" / PHASE).glob(f"*-a{jobs['array']}_0.csv"))
+    (direct_csv,) = set((checkout / "out" / "cpu" / "data" / PHASE).glob("*.csv")) - before
+    slurm_csv = next((checkout / "out" / "cpu" / "data" / PHASE).glob(f"*-a{jobs['array']}_0.csv"))
     with open(direct_csv, newline="") as f, open(slurm_csv, newline="") as g:
         assert next(csv.reader(f)) == next(csv.reader(g))
     headings = [line for line in text.splitlines() if line.startswith("#")]
@@ -196,7 +196,7 @@ def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
     assert cancelled["status"] == "error", cancelled
     assert cancelled["error"].startswith(f"array task {jobs['array']}_3 wrote no row"), cancelled["error"]
 
-    text = (checkout / "reports" / f"{PHASE}.md").read_text()
+    text = (checkout / "out" / "cpu" / f"{PHASE}.md").read_text()
     assert "Cells that did not finish" in text, text
     for variant in rows:
         assert variant in text, f"{variant} missing from the report:\n{text}"
@@ -235,7 +235,7 @@ def test_phase_job_both_ways_of_submitting(cluster, checkout):
         log = checkout / "reports" / "logs" / f"{name}-{job}.out"
         assert job_state(cluster, job) == "COMPLETED", all_logs(checkout)
         assert "rows: " in log.read_text(), log.read_text()
-        (csv_path,) = (checkout / "reports" / "data" / PHASE).glob(f"*-j{job}.csv")
+        (csv_path,) = (checkout / "out" / "cpu" / "data" / PHASE).glob(f"*-j{job}.csv")
         with open(csv_path, newline="") as f:
             (row,) = csv.DictReader(f)
         assert (row["variant"], row["status"], row["slurm_job_id"], row["slurm_array_job_id"]) == (
@@ -244,4 +244,4 @@ def test_phase_job_both_ways_of_submitting(cluster, checkout):
             job,
             "",
         )
-    assert "eager+sdpa-math" in (checkout / "reports" / f"{PHASE}.md").read_text()
+    assert "eager+sdpa-math" in (checkout / "out" / "cpu" / f"{PHASE}.md").read_text()

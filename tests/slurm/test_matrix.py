@@ -174,3 +174,27 @@ def test_log_directory_exists_in_a_clean_clone():
         "--output=reports/logs/..., and a job whose log cannot be opened dies at launch. "
         "Track reports/logs/.gitkeep (.gitignore: `reports/logs/*` and `!reports/logs/.gitkeep`)."
     )
+
+
+def test_any_phase_runs_as_a_matrix_one_task_per_shape():
+    chosen = cells({"TRITONLAB_MATRIX_PHASE": "06", "TRITONLAB_MATRIX_ARGS": "--no-report"})
+    assert [c.argv for c in chosen] == [
+        ["06_fused_mlp", "--shape", shape, "--no-report"] for shape in ("small", "mid", "large")
+    ]
+    assert [c.argv for c in cells({"TRITONLAB_MATRIX_PHASE": "flash2", "TRITONLAB_MATRIX": "cpu"})] == [
+        ["flash2", "--shape", "tiny"]
+    ]
+    with pytest.raises(ValueError, match="TRITONLAB_MATRIX_PHASE: unknown 'nope'"):
+        cells({"TRITONLAB_MATRIX_PHASE": "nope"})
+
+
+def test_a_generic_cell_owes_one_row_at_its_shape(array_task):
+    from common import ResultWriter
+
+    cell = Cell("mid", phase="06_fused_mlp")
+    (failed,) = record_missing(cell, "killed")
+    assert failed["variant"] == "(every variant)" and failed["phase"] == "06_fused_mlp"
+    assert record_missing(cell, "again") == []
+    other = Cell("large", phase="06_fused_mlp")
+    ResultWriter("06_fused_mlp").write({"variant": "eager", "shape": "large", "ms": 1.0})
+    assert record_missing(other, "x") == []

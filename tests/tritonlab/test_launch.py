@@ -1,12 +1,11 @@
-"""common.launch: the cache key must change whenever Triton's specialisation could."""
+"""tritonlab._launch: the cache key must change whenever Triton's specialisation could."""
 
 import threading
 
 import torch
 
-import common.launch as launch_module
-from common import DEVICE
-from common.launch import (
+import tritonlab._launch as launch_module
+from tritonlab._launch import (
     LaunchCache,
     autotune_for_launch,
     constexpr_tail,
@@ -14,6 +13,7 @@ from common.launch import (
     tma_ok,
     use_descriptor_scratch,
 )
+from tritonlab._runtime import kernel_device_type
 
 
 def test_signature_key_tells_apart_what_specialises_a_kernel():
@@ -73,7 +73,7 @@ def test_descriptor_scratch_is_set_in_the_calling_thread():
     thread.join()
     assert seen["before"] is not seen["after"]
     buffer = seen["after"](64, 128, None)
-    assert buffer.numel() == 64 and buffer.device.type == DEVICE.type
+    assert buffer.numel() == 64 and buffer.device.type == kernel_device_type()
 
 
 def test_launch_cache_tunes_once_per_key_and_launches_directly_after(monkeypatch):
