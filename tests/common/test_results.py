@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from common import ResultWriter, failure_row
 from common.memory import OutOfMemory
 from common.provenance import provenance
