@@ -12,11 +12,12 @@ phase NAME *ARGS:
 test *ARGS:
     TRITON_INTERPRET=1 {{PY}} -m pytest -m "not gpu" -q {{ARGS}}
 
-# GPU tests (bf16, real kernels): on a CUDA machine
+# GPU tests (real kernels, bf16 and float32 against float64): on a CUDA machine
 test-gpu *ARGS:
     {{PY}} -m pytest -m gpu -q {{ARGS}}
 
-# Slurm end-to-end tests against a local single-node cluster (needs root to install Slurm)
+# Slurm end-to-end tests against a local single-node cluster: need root (to install Debian's Slurm
+# packages: bash .ci/install_slurm.sh) and start slurmctld and slurmd on localhost; they skip otherwise
 test-slurm *ARGS:
     {{PY}} -m pytest -m slurm -q {{ARGS}}
 
