@@ -1,10 +1,22 @@
-"""Markdown for reports/01_baseline.md: step time, tokens/s, stages, memory, speedups, loss curve."""
+"""reports/01_baseline.md: the verdict, step time, tokens/s, stages, memory, speedups, loss curve."""
 
 import pandas as pd
 
-from common.report import Figures, add_speedup, failures_table, markdown_table, select_latest
+from common.report import (
+    Figures,
+    PhaseReport,
+    Verdict,
+    add_speedup,
+    best_baseline_verdict,
+    failures_table,
+    markdown_table,
+    select_latest,
+)
 
-BASELINE = "eager+sdpa-flash"
+TITLE = "01_baseline — the TransformerNP on PyTorch SDPA"
+# The fastest eager backend on the H100 (README): every speedup in this report is against it.
+BASELINE = "eager+sdpa-cudnn"
+SPEEDUP = "speedup_vs_eager_cudnn"
 SHAPE_ORDER = {"tiny": 0, "small": 1, "mid": 2, "large": 3}
 H100_MEMORY_GB = 80
 
@@ -15,7 +27,7 @@ def _step_table(df: pd.DataFrame) -> str:
     ok = steps.loc[steps["status"] == "ok"]
     if ok.empty:
         return "_no training-step rows_\n"
-    ok = add_speedup(ok, ["shape", "dtype", "batch"], BASELINE, metric="step_ms", column="speedup")
+    ok = add_speedup(ok, ["shape", "dtype", "batch"], BASELINE, metric="step_ms", column=SPEEDUP)
     ok = ok.assign(order=ok["shape"].map(SHAPE_ORDER)).sort_values(["gpu", "order", "dtype", "step_ms"])
     cols = [
         "gpu",
@@ -29,7 +41,7 @@ def _step_table(df: pd.DataFrame) -> str:
         "backward_ms",
         "optimizer_ms",
         "peak_mem_gb",
-        "speedup",
+        SPEEDUP,
     ]
     text = markdown_table(ok, cols)
     return text + failures_table(steps)
@@ -52,7 +64,7 @@ def _memory_note(df: pd.DataFrame) -> str:
         f"of width 512 plus the 1365-wide MLP hidden state). The step fits on an 80 GB card without checkpointing; "
         f"on a 40 GB card, or with B > 1, checkpointing each block (keeping only its input, 205 000 × 512 values) "
         f"and recomputing it in the backward trades one extra forward (about a third of the step) for most of that "
-        f"memory -- phase 09 measures it.\n"
+        f"memory.\n"
     )
     return "\n".join(lines)
 
@@ -69,7 +81,7 @@ def _loss_curve(df: pd.DataFrame, fig: Figures) -> str:
         y="train_loss",
         series="variant",
         name="loss_curve",
-        title="Training loss (fresh tasks every step)",
+        title=f"Training loss, {latest['dtype'].iloc[0]}, shape {latest['shape'].iloc[0]} (fresh tasks every step)",
         ylabel="mean NLL per target",
     )
     return (
@@ -81,7 +93,26 @@ def _loss_curve(df: pd.DataFrame, fig: Figures) -> str:
 def render(df: pd.DataFrame, fig: Figures) -> str:
     intro = (
         "One training step (forward, backward, fused AdamW) of the 12-layer TransformerNP under bf16 autocast, "
-        f"per SDPA backend, eager and `torch.compile`. `speedup` is against `{BASELINE}` measured in the same run.\n\n"
+        f"per SDPA backend, eager and `torch.compile`. `{SPEEDUP}` is `{BASELINE}`'s step time over the row's, measured in the same run.\n\n"
         "Stage times are medians of CUDA-event intervals inside the step; `step_ms` is the median whole step.\n\n"
     )
     return "## Training step\n\n" + intro + _step_table(df) + _memory_note(df) + _loss_curve(df, fig)
+
+
+def headline(df: pd.DataFrame) -> list[Verdict]:
+    """torch.compile against eager, both on cuDNN attention, at the small shape in bf16 (no goal:
+    this phase is the baseline the others are measured against)."""
+    verdict = best_baseline_verdict(
+        "01_baseline",
+        df,
+        cell="training step, small, bf16",
+        where={"shape": "small", "dtype": "bf16"},
+        ours="compile+sdpa-cudnn",
+        baselines=[BASELINE],
+        goal=None,
+        metric="step_ms",
+    )
+    return [verdict] if verdict is not None else []
+
+
+REPORT = PhaseReport("01_baseline", TITLE, render, headline)

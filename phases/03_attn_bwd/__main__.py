@@ -1,46 +1,48 @@
 """Phase 03 -- the attention backward in two passes, against SDPA cuDNN and SDPA flash.
 
-    python -m phases.03_attn_bwd                          # small, mid, large (tiny on the CPU)
-    python -m phases.03_attn_bwd --shape mid --sweep      # and the Lk sweep, Lq = 1.1 Lk
+    python -m phases 03                              # small, mid, large (tiny on the CPU)
+    python -m phases 03 --shape mid --sweep          # and the Lk sweep, Lq = 1.1 Lk
 
-``attention`` (backward.py) is differentiable: phase 02's forward saves O and the logsumexp, and
-the backward recomputes the probabilities from Q, K and that logsumexp -- never storing the
-Lq x Lk matrix -- in four launches: Δ = rowsum(dO ∘ O); dK, dV by key block (query rows split
-into chunks when there are too few key blocks to fill the GPU); the chunks' sum; dQ by query
-block. No atomics: the same inputs give the same bits. Each cell times forward + backward
-(TFLOP/s count 3.5 x the forward's 4·B·H·Lq·Lk·D) after checking all four outputs against SDPA.
+``tritonlab.attention.attention`` is differentiable: phase 02's forward saves O and the logsumexp,
+and the backward recomputes the probabilities from Q, K and that logsumexp -- never storing the
+Lq x Lk matrix -- in four launches: Δ = rowsum(dO ∘ O); dK, dV by key block; the query chunks'
+sum; dQ by query block. No atomics: the same inputs give the same bits. Each cell times forward +
+backward (TFLOP/s count 3.5 x the forward's 4·B·H·Lq·Lk·D) after checking all four outputs
+against SDPA.
 """
 
-import importlib
+from common import ResultWriter, interpreter_banner, run_cells
+from common.attention_bench import DTYPE_NAMES, GPU_SHAPES, TNP_SHAPES, add_case_arguments, cases_from
+from common.cli import parse_phase_args, phase_parser
 
-from common import ResultWriter, interpreter_banner
-from common.report import render_phase
-
-from .backward import DKDV_SEARCH_SPACE, DQ_SEARCH_SPACE, attention, last_backward_configs
+from .bench import cells
+from .report import REPORT
 
 PHASE = "03_attn_bwd"
-fwd = importlib.import_module("phases.02_attn_fwd")
-benchmark = importlib.import_module("phases.02_attn_fwd.benchmark")
+
+
+def parse_args(argv=None):
+    parser = phase_parser(
+        PHASE, __doc__.strip().splitlines()[0], shapes=TNP_SHAPES, gpu_shapes=GPU_SHAPES, dtypes=DTYPE_NAMES,
+        epilog="dtype default: bf16 on a GPU, fp16 on the CPU (the interpreter's bf16 dots are wrong)",
+    )  # fmt: skip
+    add_case_arguments(parser)
+    args = parse_phase_args(parser, argv)
+    args.cases = cases_from(parser, args)
+    return args
 
 
 def main(argv=None) -> None:
-    args = benchmark.parse_args("python -m phases.03_attn_bwd", __doc__.splitlines()[0], argv)
+    args = parse_args(argv)
     print(interpreter_banner())
-    print(
-        f"search spaces (BLOCK_M, BLOCK_N, num_warps, num_stages): dK/dV {DKDV_SEARCH_SPACE}, dQ {DQ_SEARCH_SPACE}"
-    )
-    variants = {"triton-2pass": attention, **benchmark.sdpa_variants()}
-
-    def config_of(variant: str) -> dict:
-        if not variant.startswith("triton"):
-            return {}
-        return {"config": fwd.last_forward_config(), **last_backward_configs()}
-
     writer = ResultWriter(PHASE)
-    benchmark.measure(writer, variants, args.cases, backward=True, config_of=config_of)
+    phase_cells, total = cells(args.cases, args.dtype)
+    run_cells(writer, phase_cells, total=total)
     print(f"rows: {writer.path}")
     if not args.no_report:
-        print(f"report: {render_phase(PHASE)}")
+        from common.report import render_phase
+
+        print(f"report: {render_phase(REPORT)}")
 
 
 if __name__ == "__main__":

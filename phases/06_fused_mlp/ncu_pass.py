@@ -1,4 +1,4 @@
-"""One forward + backward each of the one-kernel forward, the two-kernel forward and cuBLAS on the
+"""One forward + backward each of the one-kernel forwards, the two-kernel forward and cuBLAS on the
 padded weights, for Nsight Compute (``common/ncu.py``).
 
     ncu --clock-control none --profile-from-start off --nvtx --section SpeedOfLight \\
@@ -16,19 +16,20 @@ while it compiles, and under ncu those timings are distorted, so it compiled the
 import torch
 
 from common.ncu import pass_shape, profile_once
+from tritonlab.tuning import ConfigRecord
 
-from .__main__ import mlp_inputs, variants
+from .bench import mlp_inputs, variant_fn
 
 
 def main(argv=None) -> None:
     shape = pass_shape("python -m phases.06_fused_mlp.ncu_pass", argv)
-    (x, w1, w2), grad_out = mlp_inputs(shape.tokens)
-    fns = variants()
+    (x, w1, w2), grad_out = mlp_inputs(shape.tokens, torch.bfloat16)
 
     def forward_backward(fn):
         return torch.autograd.grad(fn(x, w1, w2), (x, w1, w2), grad_out)
 
     names = ("fused-recompute", "fused-registers", "gemm-silu+cublas", "padded-cublas")
+    fns = {name: variant_fn(name, ConfigRecord()) for name in names}
     profile_once({name: (lambda fn=fns[name]: forward_backward(fn)) for name in names})
 
 

@@ -1,27 +1,33 @@
-"""The three benchmarks of this phase, and the tile tuner. Each cell writes one CSV row per
-implementation and pass; a cell that runs out of memory (or would, by arithmetic) becomes a row
-marked ``oom`` and the sweep goes on."""
+"""flash2's cells: naive attention eager and compiled (attention-bench, compile-bench),
+FlashAttention-2 in Triton against naive PyTorch and SDPA (flash-bench), and the tile tuner.
 
-from collections.abc import Callable
+Every cell checks before it times: the compiled naive function against eager, every flash-bench
+implementation against SDPA's fp32 memory-efficient kernel (O, dQ, dK, dV), each tuner candidate
+against the table's tiles. A cell is one pass (fwd, bwd or fwd+bwd) of one implementation; the
+passes of one implementation share its inputs and its check. A naive cell whose arithmetic peak
+exceeds the card is an ``oom`` row without running.
+"""
+
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+import torch._functorch.config
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import DEVICE, ON_GPU, OutOfMemory, ResultWriter, bench, failure_row, measure_peak_memory
-
-from .flash_triton import (
-    INTERPRETER_CONFIGS,
+from common import DEVICE, ON_GPU, Cell, OutOfMemory, check_close, measure_peak_memory, timed
+from tritonlab.attention import (
     FlashAttentionTriton,
     TileConfig,
-    flash_backward,
-    flash_forward,
-    tile_config,
+    attention_flops,
+    causal_mask,
+    naive_attention,
 )
-from .reference import attention_flops, causal_mask, naive_attention
+from tritonlab.attention.flash2 import flash_backward, flash_forward, tile_config
+from tritonlab.testing import DTYPES, rel_err
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SDPA_BACKENDS = {
     "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
     "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -29,6 +35,7 @@ SDPA_BACKENDS = {
     "sdpa-math": SDPBackend.MATH,
 }
 GOAL_SHAPE = (16, 16384, 64)  # (B, N, D): causal bf16 forward+backward, the leaderboard shape
+PASSES = ("fwd", "bwd", "fwd+bwd")
 
 
 @dataclass(frozen=True)
@@ -39,10 +46,10 @@ class Budget:
     warmup_ms: float = 100.0
     rep_ms: float = 500.0
 
-    def time(self, fn: Callable[[], object]):
+    def bench_kw(self) -> dict:
         if self.passes is not None:
-            return bench(fn, warmup_ms=self.warmup_ms, min_reps=self.passes, max_reps=self.passes)
-        return bench(fn, warmup_ms=self.warmup_ms, rep_ms=self.rep_ms, min_reps=3, max_reps=100)
+            return {"warmup_ms": self.warmup_ms, "min_reps": self.passes, "max_reps": self.passes}
+        return {"warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms, "min_reps": 3, "max_reps": 100}
 
 
 QUICK = Budget(passes=None, warmup_ms=20.0, rep_ms=60.0)
@@ -67,143 +74,102 @@ def naive_peak_bytes(
     return squares * square + (n * n if causal else 0) + 8 * batch * n * head_dim * elt
 
 
-def device_bytes() -> int:
-    return torch.cuda.get_device_properties(0).total_memory if ON_GPU else 0
+def _refuse_if_too_big(estimate: int) -> None:
+    """An ``oom`` row without running when the estimated peak exceeds the card."""
+    total = torch.cuda.get_device_properties(0).total_memory if ON_GPU else 0
+    if ON_GPU and estimate > total:
+        raise OutOfMemory(f"not run: estimated peak {estimate / 1e9:.1f} GB > {total / 1e9:.1f} GB")
 
 
-def _mb(x: int) -> float:
-    return x / 1e9
-
-
-def _cell(bench_name: str, batch: int, n: int, head_dim: int, dtype_name: str, causal: bool, **first) -> dict:
-    """The columns every row of a cell shares; ``first`` (e.g. the variant) goes right after ``bench``."""
+def _columns(bench_name: str, batch: int, n: int, head_dim: int, causal: bool, pass_: str, **extra) -> dict:
     return {
         "bench": bench_name,
-        **first,
-        "shape": f"B={batch} N={n} D={head_dim}",
-        "dtype": dtype_name,
         "batch": batch,
         "seq": n,
         "head_dim": head_dim,
         "causal": causal,
+        "pass": pass_,
+        **extra,
     }
 
 
-def _skip_if_too_big(writer: ResultWriter, row: dict, estimate: int, label: str) -> bool:
-    """Record the cell as ``oom`` without running it when its estimated peak exceeds the card."""
-    if not (ON_GPU and estimate > device_bytes()):
-        return False
-    writer.write(
-        {
-            **row,
-            "status": "oom",
-            "error": f"not run: estimated peak {_mb(estimate):.1f} GB > {_mb(device_bytes()):.1f} GB",
-        }
-    )
-    print(f"{label}  oom (estimated {_mb(estimate):.1f} GB)")
-    return True
+def _shape(batch: int, n: int, head_dim: int) -> str:
+    return f"B={batch} N={n} D={head_dim}"
 
 
-def _tflops(batch: int, n: int, head_dim: int, causal: bool, pass_: str, ms: float) -> float:
-    return attention_flops(batch, n, n, head_dim, causal, pass_) / (ms * 1e-3) / 1e12
+# --- attention-bench and compile-bench: naive attention, eager or compiled -------------------------
 
 
-# ----------------------------------------------------------------------------------------------
-# attention-bench and compile-bench: naive attention, eager or compiled, forward and backward
-# ----------------------------------------------------------------------------------------------
-
-
-def _naive_cell(
-    writer: ResultWriter,
-    bench_name: str,
-    variant: str,
-    fn,
-    batch: int,
-    n: int,
-    head_dim: int,
-    dtype_name: str,
-    budget: Budget,
-    reference=None,
-) -> None:
+def naive_cells(
+    bench_name: str, *, head_dims, seqs, batch: int, dtype_name: str, budget: Budget
+) -> Iterator[Cell]:
+    """Naive attention (einsum, softmax, einsum), forward and backward timed separately (the backward
+    re-runs on a retained graph), memory in use before the backward; compile-bench adds
+    ``torch.compile(naive_attention, dynamic=True)`` side by side, checked against eager."""
     dtype = DTYPES[dtype_name]
-    cell = _cell(bench_name, batch, n, head_dim, dtype_name, False, variant=variant)
-    estimate = naive_peak_bytes(batch, n, head_dim, dtype, causal=False)
-    cell["mem_estimate_gb"] = _mb(estimate)
-    label = f"  {bench_name:15s} {variant:8s} {cell['shape']:22s} {dtype_name}"
-    if _skip_if_too_big(writer, {**cell, "pass": "fwd"}, estimate, label):
-        return
-    try:
-        with measure_peak_memory() as mem:
-            q, k, v = random_qkv(batch, n, head_dim, dtype)
-            out = fn(q, k, v)
-            extra = {}
-            if reference is not None:  # the compiled function must give eager's answer
-                expected = reference(q, k, v)
-                extra["max_err_vs_eager"] = (out - expected).abs().max().item()
-                del expected
-            fwd = budget.time(lambda: fn(q, k, v))
-            mem_before_bwd = torch.cuda.memory_allocated() if ON_GPU else 0
-            grad_out = torch.randn_like(out)
-            bwd = budget.time(lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True))
-    except (OutOfMemory, RuntimeError) as err:
-        row = writer.write({**cell, "pass": "fwd", **failure_row(err)})
-        print(f"{label}  {row['status']}: {row['error'][:100]}")
-        return
-    for pass_, timing in (("fwd", fwd), ("bwd", bwd)):
-        writer.write(
-            {
-                **cell,
-                **extra,
-                "pass": pass_,
-                **timing.as_row(),
-                "mem_before_bwd_gb": _mb(mem_before_bwd),
-                "peak_gb": mem.peak_gb,
-            }
-        )
-    print(
-        f"{label}  fwd {fwd.ms:8.3f} ms  bwd {bwd.ms:8.3f} ms  before bwd {_mb(mem_before_bwd):6.2f} GB  "
-        f"peak {mem.peak_gb:6.2f} GB"
-    )
-
-
-def _naive_grid(head_dims, seqs):
-    """(head_dim, n) over the grid; the allocator's cache is emptied after each cell, since the
-    largest naive cells come close to filling the card."""
+    impls = {"naive": (naive_attention, None)}
+    if bench_name == "compile":
+        impls = {
+            "eager": (naive_attention, None),
+            "compile": (torch.compile(naive_attention, dynamic=True), naive_attention),
+        }
     for head_dim in head_dims:
         for n in seqs:
-            yield head_dim, n
+            estimate = naive_peak_bytes(batch, n, head_dim, dtype, causal=False)
+            for variant, (fn, reference) in impls.items():
+                state = functools.cache(
+                    functools.partial(_naive_state, fn, reference, batch, n, head_dim, dtype, estimate)
+                )
+                for pass_ in ("fwd", "bwd"):
+                    columns = _columns(
+                        bench_name, batch, n, head_dim, False, pass_, mem_estimate_gb=estimate / 1e9
+                    )
+                    run = functools.partial(_naive_pass, state, fn, pass_, budget)
+                    yield Cell(variant, _shape(batch, n, head_dim), dtype_name, run, columns)
+                state.cache_clear()
             if ON_GPU:
-                torch.cuda.empty_cache()
+                torch.cuda.empty_cache()  # the largest naive cells come close to filling the card
 
 
-def attention_bench(writer: ResultWriter, *, head_dims, seqs, batch: int, dtype_name: str, budget: Budget):
-    """Naive attention (einsum, softmax, einsum), forward and backward, memory before the backward."""
-    for head_dim, n in _naive_grid(head_dims, seqs):
-        _naive_cell(writer, "attention", "naive", naive_attention, batch, n, head_dim, dtype_name, budget)
+def _naive_state(fn, reference, batch, n, head_dim, dtype, estimate):
+    _refuse_if_too_big(estimate)
+    q, k, v = random_qkv(batch, n, head_dim, dtype)
+    out = fn(q, k, v)
+    extra = {}
+    if reference is not None:  # the compiled function must give eager's answer
+        expected = reference(q, k, v)
+        extra["max_err_vs_eager"] = (out - expected).abs().max().item()
+        check_close(
+            "compiled against eager (max abs)",
+            extra["max_err_vs_eager"],
+            1e-2 if dtype != torch.float32 else 1e-4,
+        )
+    return q, k, v, out, extra
 
 
-def compile_bench(writer: ResultWriter, *, head_dims, seqs, batch: int, dtype_name: str, budget: Budget):
-    """The same grid for torch.compile'd naive attention against eager, side by side per cell.
-
-    ``dynamic=True`` compiles one graph for every shape; per-shape graphs would spend more time
-    compiling than the whole grid spends running.
-    """
-    compiled = torch.compile(naive_attention, dynamic=True)
-    # Donated buffers let the compiled backward reuse its saved tensors' memory, which forbids
-    # running it twice on one graph (retain_graph) -- exactly what timing the backward alone does.
-    # The flag is read when the graph compiles, at its first call, hence around the whole loop.
-    with torch._functorch.config.patch(donated_buffer=False):
-        for head_dim, n in _naive_grid(head_dims, seqs):
-            for variant, fn, ref in (
-                ("eager", naive_attention, None),
-                ("compile", compiled, naive_attention),
-            ):
-                _naive_cell(writer, "compile", variant, fn, batch, n, head_dim, dtype_name, budget, ref)
+def _naive_pass(state, fn, pass_: str, budget: Budget) -> dict:
+    with measure_peak_memory() as mem:
+        q, k, v, out, extra = state()
+        if pass_ == "fwd":
+            row = timed(lambda: fn(q, k, v), **budget.bench_kw())
+        else:
+            mem_before_bwd = torch.cuda.memory_allocated() if ON_GPU else 0
+            grad_out = torch.randn_like(out)
+            row = timed(
+                lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True), **budget.bench_kw()
+            )
+            extra = {**extra, "mem_before_bwd_gb": mem_before_bwd / 1e9}
+    return {**extra, **row, "peak_gb": mem.peak_gb}
 
 
-# ----------------------------------------------------------------------------------------------
-# flash-bench: FlashAttention-2 in Triton against naive PyTorch and SDPA
-# ----------------------------------------------------------------------------------------------
+def compile_context():
+    """Donated buffers let the compiled backward reuse its saved tensors' memory, which forbids
+    running it twice on one graph (retain_graph) -- exactly what timing the backward alone does.
+    The flag is read when the graph compiles, at its first call, hence around the whole sweep."""
+    return torch._functorch.config.patch(donated_buffer=False)
+
+
+# --- flash-bench: FlashAttention-2 in Triton against naive PyTorch and SDPA ------------------------
 
 
 def attention_impls(dtype: torch.dtype, n: int, causal: bool) -> dict[str, Callable]:
@@ -233,196 +199,142 @@ def attention_impls(dtype: torch.dtype, n: int, causal: bool) -> dict[str, Calla
     return impls
 
 
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6)).item()
-
-
-def _check_then_time(fn, q, k, v, grad_out, expected, tolerance: float, budget: Budget):
-    """Relative errors of O, dQ, dK, dV against ``expected`` (a wrong answer raises before any
-    timing), then the forward, backward-only and forward+backward timings."""
-    out = fn(q, k, v)
-    grads = torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
-    names = ("o", "dq", "dk", "dv")
-    errs = {
-        f"err_{name}": _rel_err(got, want)
-        for name, got, want in zip(names, (out, *grads), expected, strict=True)
-    }
-    del grads
-    if max(errs.values()) > tolerance:
-        raise RuntimeError(f"wrong answer: relative errors {errs} exceed {tolerance}")
-    timings = {
-        "fwd": budget.time(lambda: fn(q, k, v)),
-        "bwd": budget.time(lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)),
-        "fwd+bwd": budget.time(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out)),
-    }
-    return errs, timings
-
-
-def flash_cell(
-    writer: ResultWriter,
-    batch: int,
-    n: int,
-    head_dim: int,
-    dtype_name: str,
-    causal: bool,
-    budget: Budget,
-    tolerance: float,
-) -> None:
-    """One (B, N, D, dtype) cell: every implementation checked against an fp32 reference on the same
-    inputs, then timed forward, backward and forward+backward."""
-    dtype = DTYPES[dtype_name]
-    cell = _cell("flash", batch, n, head_dim, dtype_name, causal)
-    shape = cell["shape"]
-    q, k, v = random_qkv(batch, n, head_dim, dtype)
-    grad_out = torch.randn_like(q)
-    # Reference: SDPA's memory-efficient kernel in fp32 (it never materialises the N x N matrix).
-    with torch.no_grad():
-        q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    with torch.enable_grad(), sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION if ON_GPU else SDPBackend.MATH):
-        o_ref = F.scaled_dot_product_attention(q32[:, None], k32[:, None], v32[:, None], is_causal=causal)[
-            :, 0
-        ]
-        grads_ref = torch.autograd.grad(o_ref, (q32, k32, v32), grad_out.float())
-    for variant, fn in attention_impls(dtype, n, causal).items():
-        label = f"  flash {variant:15s} {shape:22s} {dtype_name}"
-        base = {**cell, "variant": variant}
-        if variant == "naive":
-            # Five squares: the correctness pass's graph stays alive while fwd+bwd is timed.
-            estimate = naive_peak_bytes(batch, n, head_dim, dtype, causal, squares=5)
-            base["mem_estimate_gb"] = _mb(estimate)
-            if _skip_if_too_big(writer, {**base, "pass": "fwd+bwd"}, estimate, label):
-                continue
-        try:
-            with measure_peak_memory() as mem:
-                errs, timings = _check_then_time(
-                    fn, q, k, v, grad_out, (o_ref, *grads_ref), tolerance, budget
-                )
-        except (OutOfMemory, RuntimeError) as err:
-            row = writer.write({**base, "pass": "fwd+bwd", **failure_row(err)})
-            print(f"{label}  {row['status']}: {row['error'][:160]}")
-            if ON_GPU:
-                torch.cuda.empty_cache()
-            continue
-        parts = []
-        for pass_, timing in timings.items():
-            tflops = _tflops(batch, n, head_dim, causal, pass_, timing.ms)
-            writer.write(
-                {**base, **errs, "pass": pass_, **timing.as_row(), "tflops": tflops, "peak_gb": mem.peak_gb}
-            )
-            parts.append(f"{pass_} {timing.ms:8.3f} ms {tflops:6.1f} TF/s")
-        print(f"{label}  " + "  ".join(parts) + f"  peak {mem.peak_gb:.2f} GB  err {max(errs.values()):.1e}")
-    if ON_GPU:
-        torch.cuda.empty_cache()
-
-
-def _tolerance(dtype_name: str) -> float:
+def tolerance(dtype_name: str) -> float:
     """Largest relative error of O, dQ, dK, dV accepted before a cell is timed."""
     return 2e-2 if dtype_name == "fp32" else 5e-2
 
 
-def flash_bench(
-    writer: ResultWriter, *, head_dims, seqs, dtype_name: str, causal: bool, budget: Budget, tokens: int
-) -> None:
-    """The (seq x d) grid in one dtype at ``tokens`` tokens per batch (B = tokens // N, at least 1)."""
-    for head_dim in head_dims:
-        for n in seqs:
-            flash_cell(
-                writer, max(1, tokens // n), n, head_dim, dtype_name, causal, budget, _tolerance(dtype_name)
+def _max_rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6)).item()
+
+
+def flash_cells(
+    batch: int, n: int, head_dim: int, dtype_name: str, causal: bool, budget: Budget
+) -> Iterator[Cell]:
+    """One (B, N, D, dtype) cell per implementation and pass: each implementation checked once
+    against an fp32 reference on the same inputs, then timed forward, backward and forward+backward."""
+    dtype = DTYPES[dtype_name]
+
+    @functools.cache
+    def inputs():
+        q, k, v = random_qkv(batch, n, head_dim, dtype)
+        grad_out = torch.randn_like(q)
+        # Reference: SDPA's memory-efficient kernel in fp32 (it never materialises the N x N matrix).
+        q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+        with torch.enable_grad(), sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION if ON_GPU else SDPBackend.MATH):
+            o_ref = F.scaled_dot_product_attention(
+                q32[:, None], k32[:, None], v32[:, None], is_causal=causal
+            )[:, 0]
+            grads_ref = torch.autograd.grad(o_ref, (q32, k32, v32), grad_out.float())
+        return q, k, v, grad_out, (o_ref.detach(), *grads_ref)
+
+    for variant, fn in attention_impls(dtype, n, causal).items():
+        estimate = (
+            naive_peak_bytes(batch, n, head_dim, dtype, causal, squares=5) if variant == "naive" else None
+        )
+        checked = functools.cache(functools.partial(_flash_check, fn, inputs, dtype_name, estimate))
+        for pass_ in PASSES:
+            extra = {} if estimate is None else {"mem_estimate_gb": estimate / 1e9}
+            columns = _columns("flash", batch, n, head_dim, causal, pass_, **extra)
+            run = functools.partial(
+                _flash_pass, fn, inputs, checked, pass_, budget, (batch, n, head_dim, causal)
             )
+            yield Cell(variant, _shape(batch, n, head_dim), dtype_name, run, columns)
+        checked.cache_clear()
+    inputs.cache_clear()
+    if ON_GPU:
+        torch.cuda.empty_cache()
 
 
-def goal_bench(writer: ResultWriter, budget: Budget) -> None:
-    """The fixed goal shape: causal bf16 forward+backward."""
-    batch, n, head_dim = GOAL_SHAPE
-    flash_cell(writer, batch, n, head_dim, "bf16", True, budget, _tolerance("bf16"))
+def _flash_check(fn, inputs, dtype_name: str, estimate: int | None) -> dict:
+    """Relative errors of O, dQ, dK, dV against the reference; a wrong answer raises."""
+    if estimate is not None:  # the correctness pass's graph stays alive while fwd+bwd is timed
+        _refuse_if_too_big(estimate)
+    q, k, v, grad_out, expected = inputs()
+    out = fn(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    errs = {
+        f"err_{name}": _max_rel(got, want)
+        for name, got, want in zip(("o", "dq", "dk", "dv"), (out, *grads), expected, strict=True)
+    }
+    check_close(f"relative errors {errs}", max(errs.values()), tolerance(dtype_name))
+    return errs
 
 
-# ----------------------------------------------------------------------------------------------
-# The tile tuner: candidate tiles per kernel, timed on one shape (its results fill GPU_CONFIGS)
-# ----------------------------------------------------------------------------------------------
+def _flash_pass(fn, inputs, checked, pass_: str, budget: Budget, shape: tuple) -> dict:
+    errs = checked()
+    q, k, v, grad_out, _ = inputs()
+    batch, n, head_dim, causal = shape
+    with measure_peak_memory() as mem:
+        if pass_ == "fwd":
+            call = lambda: fn(q, k, v)
+        elif pass_ == "bwd":
+            out = fn(q, k, v)
+            call = lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
+        else:
+            call = lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out)
+        row = timed(call, flops=attention_flops(batch, n, n, head_dim, causal, pass_), **budget.bench_kw())
+    return {**errs, **row, "peak_gb": mem.peak_gb}
+
+
+# --- the tile tuner: candidate tiles per kernel, timed on one shape --------------------------------
 
 TUNE_CANDIDATES = {
-    # Forward: phase 02's best two d = 64 tiles with TMA loads, the block-pointer kernel's old picks,
-    # and neighbours; 64 x 64 and 128 x 64 at 8 warps are the d = 128 contenders. Tiles that do not
-    # fit the shared memory at a head dim fail and are written as failed rows.
+    # Forward: phase 02's best two d = 64 tiles with TMA loads and neighbours; 64 x 64 and 128 x 64
+    # at 8 warps are the d = 128 contenders. Tiles that do not fit the GPU are left out.
     "fwd": [
-        TileConfig(128, 128, 4, 3),
-        TileConfig(128, 64, 8, 3),
-        TileConfig(128, 64, 4, 3),
-        TileConfig(128, 128, 4, 2),
-        TileConfig(128, 128, 8, 3),
-        TileConfig(64, 64, 4, 3),
-        TileConfig(64, 64, 4, 2),
-        TileConfig(128, 64, 8, 2),
-        TileConfig(128, 128, 8, 2),
+        TileConfig(128, 128, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(128, 64, 4, 3),
+        TileConfig(128, 128, 4, 2), TileConfig(128, 128, 8, 3), TileConfig(64, 64, 4, 3),
+        TileConfig(64, 64, 4, 2), TileConfig(128, 64, 8, 2), TileConfig(128, 128, 8, 2),
     ],
     "dq": [
-        TileConfig(128, 64, 8, 2),
-        TileConfig(128, 64, 4, 3),
-        TileConfig(128, 32, 4, 3),
-        TileConfig(64, 64, 4, 3),
-        TileConfig(128, 128, 8, 2),
-        TileConfig(128, 64, 8, 3),
-        TileConfig(64, 64, 8, 3),
+        TileConfig(128, 64, 8, 2), TileConfig(128, 64, 4, 3), TileConfig(128, 32, 4, 3),
+        TileConfig(64, 64, 4, 3), TileConfig(128, 128, 8, 2), TileConfig(128, 64, 8, 3), TileConfig(64, 64, 8, 3),
     ],
     "dkdv": [
-        TileConfig(64, 128, 8, 2),
-        TileConfig(32, 128, 4, 3),
-        TileConfig(64, 128, 4, 3),
-        TileConfig(64, 64, 4, 3),
-        TileConfig(128, 128, 8, 2),
-        TileConfig(32, 64, 4, 4),
-        TileConfig(32, 64, 4, 3),
-        TileConfig(64, 64, 8, 3),
+        TileConfig(64, 128, 8, 2), TileConfig(32, 128, 4, 3), TileConfig(64, 128, 4, 3),
+        TileConfig(64, 64, 4, 3), TileConfig(128, 128, 8, 2), TileConfig(32, 64, 4, 4),
+        TileConfig(32, 64, 4, 3), TileConfig(64, 64, 8, 3),
     ],
-}
+}  # fmt: skip
 
 
-def tune(
-    writer: ResultWriter,
-    batch: int,
-    n: int,
-    head_dim: int,
-    dtype_name: str,
-    causal: bool,
-    budget: Budget,
-    kernels=("fwd", "dq", "dkdv"),
-) -> None:
-    """Time each candidate tile of each kernel on one shape; the backward candidates are timed as the
-    whole backward with the other kernel's tiles held at the table's choice."""
+def tune_cells(
+    batch: int, n: int, head_dim: int, dtype_name: str, causal: bool, budget: Budget, kernels
+) -> Iterator[Cell]:
+    """Each candidate tile of each kernel on one shape; the backward candidates are timed as the whole
+    backward with the other kernel's tiles held at the table's choice."""
     dtype = DTYPES[dtype_name]
-    q, k, v = random_qkv(batch, n, head_dim, dtype)
-    q, k, v = q.detach(), k.detach(), v.detach()
-    grad_out = torch.randn_like(q)
-    o_ref, lse = flash_forward(q, k, v, causal)
-    grads_ref = flash_backward(q, k, v, o_ref, lse, grad_out, causal)
+
+    @functools.cache
+    def state():
+        q, k, v = (t.detach() for t in random_qkv(batch, n, head_dim, dtype))
+        grad_out = torch.randn_like(q)
+        o_ref, lse = flash_forward(q, k, v, causal)
+        return q, k, v, grad_out, o_ref, lse, flash_backward(q, k, v, o_ref, lse, grad_out, causal)
+
     for kernel in kernels:
+        table = tile_config(kernel, dtype, head_dim, causal)
         # The interpreter checks that the tuner runs, with the one tile it can afford.
-        for cfg in TUNE_CANDIDATES[kernel] if ON_GPU else [INTERPRETER_CONFIGS[kernel]]:
+        for cfg in TUNE_CANDIDATES[kernel] if ON_GPU else [table]:
             variant = f"{kernel} m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
-            cell = {**_cell("tune", batch, n, head_dim, dtype_name, causal, variant=variant), "pass": kernel}
-            if kernel == "fwd":
-                run = lambda cfg=cfg: flash_forward(q, k, v, causal, config=cfg)
-            elif kernel == "dq":
-                run = lambda cfg=cfg: flash_backward(q, k, v, o_ref, lse, grad_out, causal, dq_config=cfg)
-            else:
-                run = lambda cfg=cfg: flash_backward(q, k, v, o_ref, lse, grad_out, causal, dkdv_config=cfg)
-            try:
-                got = run()
-                want = (o_ref, lse) if kernel == "fwd" else grads_ref
-                err = max(_rel_err(a, b) for a, b in zip(got, want, strict=True))
-                if err > 1e-2:
-                    raise RuntimeError(f"wrong answer: relative error {err:.2e} against the table's tiles")
-                timing = budget.time(run)
-            except Exception as err:  # e.g. triton.runtime.errors.OutOfResources: too much shared memory
-                row = writer.write({**cell, **failure_row(err)})
-                print(f"  tune {variant:26s} {row['status']}: {row['error'][:100]}")
-                continue
-            pass_ = "fwd" if kernel == "fwd" else "bwd"
-            tflops = _tflops(batch, n, head_dim, causal, pass_, timing.ms)
-            table = cfg == tile_config(kernel, dtype, head_dim, causal)
-            writer.write({**cell, **timing.as_row(), "tflops": tflops, "in_table": table})
-            print(
-                f"  tune {variant:26s} {cell['shape']}  {timing.ms:8.3f} ms  {tflops:6.1f} TF/s ({pass_})"
-                + ("  <- table" if table else "")
-            )
+            columns = _columns("tune", batch, n, head_dim, causal, kernel, in_table=cfg == table)
+            run = functools.partial(_tune_one, state, kernel, cfg, budget, (batch, n, head_dim, causal))
+            yield Cell(variant, _shape(batch, n, head_dim), dtype_name, run, columns)
+    state.cache_clear()
+
+
+def _tune_one(state, kernel: str, cfg: TileConfig, budget: Budget, shape: tuple) -> dict:
+    q, k, v, grad_out, o_ref, lse, grads_ref = state()
+    batch, n, head_dim, causal = shape
+    if kernel == "fwd":
+        run = lambda: flash_forward(q, k, v, causal, config=cfg)
+    elif kernel == "dq":
+        run = lambda: flash_backward(q, k, v, o_ref, lse, grad_out, causal, dq_config=cfg)
+    else:
+        run = lambda: flash_backward(q, k, v, o_ref, lse, grad_out, causal, dkdv_config=cfg)
+    want = (o_ref, lse) if kernel == "fwd" else grads_ref
+    err = max(rel_err(a, b) for a, b in zip(run(), want, strict=True))
+    check_close("relative error against the table's tiles", err, 1e-2)
+    pass_ = "fwd" if kernel == "fwd" else "bwd"
+    return timed(run, flops=attention_flops(batch, n, n, head_dim, causal, pass_), **budget.bench_kw())

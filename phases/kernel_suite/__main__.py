@@ -1,53 +1,72 @@
-"""Phase kernel_suite -- Triton training primitives against eager, torch.compile and Liger-Kernel.
+"""Phase kernel_suite -- tritonlab.ops against PyTorch eager, torch.compile and Liger-Kernel.
 
-    python -m phases.kernel_suite                       # or: just phase kernel_suite
-    python -m phases.kernel_suite --quick --kernels rms_norm cross_entropy
+    python -m phases kernel_suite                          # or: just phase kernel_suite
+    python -m phases kernel_suite --shape quick --kernels rms_norm cross_entropy
+    python -m phases kernel_suite --tune                   # the launch-setting sweeps
 
-For every kernel (RMSNorm, GELU, SwiGLU, RoPE, cross-entropy, FP8 quantisation row- and block-wise),
-LLM-sized shapes and pass (forward, backward, forward+backward), it checks each implementation
-against the eager function on fp32 inputs, then times it, turns its bytes into GB/s and a share of
-the copy bandwidth measured in the same run, records the extra memory it needs, writes one CSV row per
-cell and re-renders reports/kernel_suite.md. Without a GPU it runs the interpreter on tiny shapes.
+For every op (RMSNorm, GELU, SwiGLU, RoPE, cross-entropy, FP8 quantisation row- and block-wise), size
+and pass (forward, backward, forward+backward) it checks each implementation against the eager
+function on fp32 inputs, then times it, turns its bytes into GB/s and a share of the copy bandwidth
+measured in the same run, records the extra memory it needs, writes one CSV row per cell and
+renders the report. Without a GPU it runs the interpreter on tiny odd sizes.
 """
-
-import argparse
 
 import torch
 
-import common
-from common import ResultWriter, interpreter_banner
-from common.report import render_phase
+from common import ON_GPU, ResultWriter, interpreter_banner, run_cells
+from common.cli import parse_phase_args, phase_parser
 
-from .bench import DTYPES, KERNELS, PASSES, VARIANTS, run
+from .bench import KERNELS, PASSES, SIZES, VARIANTS, cells, count_cells, tune_cells
+from .report import REPORT
 
 PHASE = "kernel_suite"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m phases.kernel_suite", description=__doc__.splitlines()[0]
+def parse_args(argv=None):
+    parser = phase_parser(
+        PHASE,
+        __doc__.strip().splitlines()[0],
+        shapes=list(SIZES),
+        gpu_shapes=("full",),
+        cpu_shapes=("tiny",),
+        dtypes=("bf16", "fp16", "fp32"),
+        default_dtype="bf16",
+        epilog="size sets (--shape): tiny = odd sizes of a few hundred elements (the interpreter's), "
+        "quick = two LLM sizes per op, full = every size (4096x1024 up to 65536x8192; cross-entropy "
+        "up to 16384x128256)",
     )
-    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), help=f"any of {', '.join(KERNELS)}")
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=KERNELS,
+        default=list(KERNELS),
+        metavar="KERNEL",
+        help=f"any of {', '.join(KERNELS)} (default: all)",
+    )
     parser.add_argument(
         "--variants",
         nargs="+",
+        choices=VARIANTS,
         default=None,
+        metavar="VARIANT",
         help=f"any of {', '.join(VARIANTS)} (default: all on a GPU; ours and eager on the CPU)",
     )
-    parser.add_argument("--passes", nargs="+", default=list(PASSES), help=f"any of {', '.join(PASSES)}")
-    parser.add_argument("--quick", action="store_true", help="two shapes per kernel and shorter timing")
-    parser.add_argument("--dtype", default="bf16", choices=DTYPES)
-    args = parser.parse_args(argv)
-    for name, given, allowed in (
-        ("kernels", args.kernels, KERNELS),
-        ("passes", args.passes, PASSES),
-        ("variants", args.variants or [], VARIANTS),
-    ):
-        for value in given:
-            if value not in allowed:
-                parser.error(f"--{name}: unknown {value!r}; expected any of {', '.join(allowed)}")
-    args.variants = args.variants or (list(VARIANTS) if common.ON_GPU else ["ours", "eager"])
-    args.size = ("quick" if args.quick else "full") if common.ON_GPU else "cpu"
+    parser.add_argument(
+        "--passes",
+        nargs="+",
+        choices=PASSES,
+        default=list(PASSES),
+        metavar="PASS",
+        help=f"any of {', '.join(PASSES)} (default: all; cross-entropy has fwd+bwd only, FP8 fwd only)",
+    )
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="instead of the benchmark, sweep cross-entropy's and RMSNorm backward's launch settings "
+        "(rows to data/kernel_suite/tune/; tiny sizes on the CPU)",
+    )
+    args = parse_phase_args(parser, argv)
+    args.variants = args.variants or (list(VARIANTS) if ON_GPU else ["ours", "eager"])
     return args
 
 
@@ -55,11 +74,23 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     print(interpreter_banner())
     torch.manual_seed(0)
-    bench_kw = {"warmup_ms": 50.0, "rep_ms": 200.0} if args.quick or not common.ON_GPU else {}
+    short = not ON_GPU or args.shape == ["tiny"] or "quick" in args.shape or args.tune
+    bench_kw = {"warmup_ms": 50.0, "rep_ms": 200.0} if short else {}
+    if args.tune:
+        writer = ResultWriter(PHASE, subdir="tune")
+        run_cells(writer, tune_cells(args.dtype, bench_kw))
+        print(f"rows: {writer.path}")
+        return
     writer = ResultWriter(PHASE)
-    run(args.kernels, args.variants, args.passes, args.size, writer, args.dtype, bench_kw)
+    total = count_cells(args.kernels, args.variants, args.passes, args.shape)
+    run_cells(
+        writer, cells(args.kernels, args.variants, args.passes, args.shape, args.dtype, bench_kw), total=total
+    )
     print(f"rows: {writer.path}")
-    print(f"report: {render_phase(PHASE)}")
+    if not args.no_report:
+        from common.report import render_phase
+
+        print(f"report: {render_phase(REPORT)}")
 
 
 if __name__ == "__main__":

@@ -1,36 +1,67 @@
-"""The benchmark: for each kernel, shape and pass, ours against eager, torch.compile and Liger-Kernel.
+"""kernel_suite's cells: each op, size and pass -- ours against eager, torch.compile and Liger-Kernel.
 
 Every cell is checked before it is timed (relative error of outputs and gradients against the eager
-function on fp32 copies of the inputs), then timed with ``common.bench`` (median, L2 flushed), and
-its bytes -- each input read once, each output written once -- turned into GB/s and into a share
-of the copy bandwidth measured in the same run on a ``clone()`` moving as many bytes.
+function on fp32 copies of the inputs), then timed with ``common.runner.timed`` (median, L2 flushed);
+its bytes -- each input read once, each output written once -- become GB/s and a share of the copy
+bandwidth measured in the same run on a ``clone()`` moving as many bytes. ``host_ms`` / ``device_ms``
+say whether a cell measures the kernels or the host's launch path.
+
+``tune_cells`` are the launch-setting sweeps of the two kernels with settings to choose
+(cross-entropy's block bytes, warps and rows in flight; RMSNorm backward's warps per SM and pipeline
+depth): ``python -m phases kernel_suite --tune`` writes them to ``data/kernel_suite/tune/``.
 """
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch._functorch.config
+import torch.nn.functional as F
 
-import common
-from common import ResultWriter, bench, failure_row, measure_peak_memory
+from common import DEVICE, ON_GPU, Cell, bench, check_close, measure_peak_memory, timed
+from tritonlab.ops import (
+    FP8_DTYPE,
+    FP8_MAX,
+    cross_entropy,
+    gelu,
+    quantize_fp8,
+    rms_norm,
+    rope,
+    rope_cache,
+    swiglu,
+)
+from tritonlab.ops.cross_entropy import CrossEntropyFunction, CrossEntropySettings
+from tritonlab.ops.rms_norm import RMSNormFunction, RMSNormSettings
+from tritonlab.testing import DTYPES, rel_err
 
-from . import baselines
-from .activations import gelu, swiglu
-from .cross_entropy import cross_entropy
-from .fp8 import quantize_fp8
-from .rms_norm import rms_norm
-from .rope import rope, rope_cache
+try:  # optional: `uv sync --extra liger`; without it Liger's cells are rows saying so
+    from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    from liger_kernel.ops.rope import LigerRopeFunction
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+    LIGER_MISSING = None
+except (ImportError, RuntimeError) as err:  # not installed, or a Triton/driver error on import
+    LIGER_MISSING = f"liger-kernel not importable ({type(err).__name__}: {err})"[:200]
 
 KERNELS = ("rms_norm", "gelu", "swiglu", "rope", "cross_entropy", "fp8_row", "fp8_block")
 VARIANTS = ("ours", "eager", "compile", "liger")
 PASSES = ("fwd", "bwd", "fwd+bwd")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-# (tokens, width) per kernel; rope's width is heads x head_dim of q (k has a quarter of the heads).
-SHAPES = {
+# (tokens, width) per kernel and size set; rope's width is heads x head_dim of q (k has a quarter
+# of the heads). `tiny` is what the interpreter runs: odd sizes, a few hundred elements.
+SIZES = {
+    "tiny": {
+        "rms_norm": [(7, 123)],
+        "gelu": [(7, 123)],
+        "swiglu": [(7, 123)],
+        "rope": [(10, 48)],
+        "cross_entropy": [(5, 300)],
+        "fp8_row": [(7, 256)],
+        "fp8_block": [(7, 256)],
+    },
     "quick": {
         "rms_norm": [(8192, 4096), (65536, 8192)],
         "gelu": [(8192, 4096), (65536, 8192)],
@@ -49,27 +80,92 @@ SHAPES = {
         "fp8_row": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
         "fp8_block": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
     },
-    # The interpreter: odd sizes, a few hundred elements.
-    "cpu": {
-        "rms_norm": [(7, 123)],
-        "gelu": [(7, 123)],
-        "swiglu": [(7, 123)],
-        "rope": [(10, 48)],
-        "cross_entropy": [(5, 300)],
-        "fp8_row": [(7, 256)],
-        "fp8_block": [(7, 256)],
-    },
 }
-ROPE_HEAD_DIM = 128 if common.ON_GPU else 8
+ROPE_HEAD_DIM = 128 if ON_GPU else 8
 # bf16 outputs carry a relative rounding error of at most 2**-9 per element. e4m3 keeps 3 mantissa
 # bits: at most 2**-4 per element, about 2.6% rms on normal data (measured).
 TOLERANCE = {"fp8_row": 0.04, "fp8_block": 0.04}
 DEFAULT_TOLERANCE = 1e-2
 
 
+# --------------------------------------------------------------------------------------- baselines
+def rms_norm_eager(x, weight, eps=1e-6):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)  # PyTorch's fused RMSNorm, fp32 accumulation
+
+
+def gelu_eager(x, approximate="none"):
+    return F.gelu(x, approximate=approximate)
+
+
+def swiglu_eager(gate, up):
+    return F.silu(gate) * up
+
+
+def rope_eager(q, k, cos_full, sin_full):
+    """The Hugging Face formulation on (B, T, H, D): ``x*cos + rotate_half(x)*sin``, cos/sin of (T, D)."""
+    cos, sin = cos_full[None, :, None, :], sin_full[None, :, None, :]
+
+    def rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def cross_entropy_eager(logits, target, ignore_index=-100):
+    # The usual training recipe upcasts the logits for a stable log-softmax.
+    return F.cross_entropy(logits.float(), target, ignore_index=ignore_index)
+
+
+def fp8_eager(x, granularity="row", block=128):
+    rows = x.reshape(*x.shape[:-1], -1, block) if granularity == "block" else x.unsqueeze(-2)
+    amax = rows.abs().amax(dim=-1, keepdim=True).float()
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q.reshape(x.shape), scale.squeeze(-1)
+
+
+def liger_ops() -> dict:
+    """{kernel: Liger-Kernel's callable, or the reason its cell is skipped}."""
+    if LIGER_MISSING:
+        return dict.fromkeys(KERNELS, LIGER_MISSING)
+
+    def liger_rope(q, k, cos_full, sin_full):
+        # Liger takes (B, H, T, D) views of (B, T, H, D) storage: exactly our layout, transposed.
+        q_out, k_out = LigerRopeFunction.apply(q.transpose(1, 2), k.transpose(1, 2), cos_full, sin_full)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+    return {
+        "rms_norm": lambda x, w: LigerRMSNormFunction.apply(x, w, 1e-6),
+        "gelu": "Liger-Kernel 0.8.5 has no standalone GELU (only GEGLU)",
+        "swiglu": LigerSiLUMulFunction.apply,
+        "rope": liger_rope,
+        "cross_entropy": lambda logits, target: LigerCrossEntropyFunction.apply(logits, target, None, -100)[
+            0
+        ],
+        "fp8_row": "Liger-Kernel 0.8.5 has no FP8 quantisation",
+        "fp8_block": "Liger-Kernel 0.8.5 has no FP8 quantisation",
+    }
+
+
+@functools.cache
+def _compiled_fn(fn):
+    # Donated buffers would forbid the second backward (retain_graph) the "bwd" timer runs.
+    torch._functorch.config.donated_buffer = False
+    return torch.compile(fn, dynamic=False)
+
+
+def _compiled(fn, *extra):
+    compiled = _compiled_fn(fn)
+    if extra:  # rope: the HF-layout cos/sin replace ours
+        return lambda q, k, c, s: compiled(q, k, *extra)
+    return compiled
+
+
+# -------------------------------------------------------------------------------------------- cases
 @dataclass
 class Case:
-    """One kernel at one shape: inputs, what is differentiated, bytes moved per pass, the functions."""
+    """One kernel at one size: inputs, what is differentiated, bytes moved per pass, the functions."""
 
     kernel: str
     tokens: int
@@ -89,11 +185,21 @@ class Case:
 
 
 def _randn(*shape, dtype, requires_grad=False):
-    return torch.randn(*shape, device=common.DEVICE, dtype=dtype).requires_grad_(requires_grad)
+    return torch.randn(*shape, device=DEVICE, dtype=dtype).requires_grad_(requires_grad)
 
 
 def _pass_bytes(fwd: int, bwd: int) -> dict[str, int]:
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
+
+
+def kernel_passes(kernel: str) -> tuple[str, ...]:
+    """Cross-entropy's gradient is computed in our forward, so only forward+backward compares like
+    with like; quantisation has no backward."""
+    if kernel == "cross_entropy":
+        return ("fwd+bwd",)
+    if kernel.startswith("fp8"):
+        return ("fwd",)
+    return PASSES
 
 
 def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: dict) -> Case:
@@ -110,7 +216,7 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         "fp8_row": functools.partial(quantize_fp8, granularity="row"),
         "fp8_block": functools.partial(quantize_fp8, granularity="block", block=128),
     }
-    passes, compiled, liger_fn = PASSES, None, liger[kernel]
+    compiled, liger_fn = None, liger[kernel]
     if kernel in ("rms_norm", "gelu", "swiglu"):
         # Row-wise or elementwise: outputs and upstream gradients of the input's shape.
         if kernel == "rms_norm":
@@ -120,12 +226,12 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
             ]
             fwd = 2 * elems * b + width * b + tokens * 4
             bwd = 3 * elems * b + 2 * width * b + tokens * 4
-            eager = baselines.rms_norm_eager
+            eager = rms_norm_eager
         else:
             n_in = 1 if kernel == "gelu" else 2
             args = [_randn(tokens, width, dtype=dtype, requires_grad=True) for _ in range(n_in)]
             fwd, bwd = (n_in + 1) * elems * b, (2 * n_in + 1) * elems * b
-            eager = baselines.gelu_eager if kernel == "gelu" else baselines.swiglu_eager
+            eager = gelu_eager if kernel == "gelu" else swiglu_eager
         grad_outs, nbytes = [_randn(tokens, width, dtype=dtype)], _pass_bytes(fwd, bwd)
     elif kernel == "rope":
         d = ROPE_HEAD_DIM
@@ -135,52 +241,36 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         batch = tokens // seq
         q = _randn(batch, seq, heads, d, dtype=dtype, requires_grad=True)
         k = _randn(batch, seq, kv_heads, d, dtype=dtype, requires_grad=True)
-        cos, sin = rope_cache(seq, d)
+        cos, sin = rope_cache(seq, d, device=DEVICE)
         moved = 2 * (q.numel() + k.numel()) * b + 2 * cos.numel() * 4
         args, nbytes = [q, k, cos, sin], _pass_bytes(moved, moved)
         grad_outs = [_randn(*q.shape, dtype=dtype), _randn(*k.shape, dtype=dtype)]
         # eager and Liger take the Hugging Face layout: cos/sin of (T, D), duplicated halves, in x's dtype
         cos_full, sin_full = torch.cat([cos, cos], -1).to(dtype), torch.cat([sin, sin], -1).to(dtype)
-        eager = lambda q, k, c, s: baselines.rope_eager(q, k, cos_full, sin_full)
-        compiled = _compiled(baselines.rope_eager, cos_full, sin_full)
+        eager = lambda q, k, c, s: rope_eager(q, k, cos_full, sin_full)
+        compiled = _compiled(rope_eager, cos_full, sin_full)
         if not isinstance(liger_fn, str):
-            liger_fn = lambda q, k, c, s: liger["rope"](q, k, cos_full, sin_full)
+            liger_rope = liger_fn
+            liger_fn = lambda q, k, c, s: liger_rope(q, k, cos_full, sin_full)
     elif kernel == "cross_entropy":
         logits = _randn(tokens, width, dtype=dtype, requires_grad=True)
-        target = torch.randint(0, width, (tokens,), device=common.DEVICE)
+        target = torch.randint(0, width, (tokens,), device=DEVICE)
         target[::97] = -100  # a few ignored positions (padding)
         args, grad_outs, nbytes = [logits, target], None, {"fwd+bwd": 2 * elems * b + tokens * 8}
-        # The gradient is computed in our forward, so only forward+backward compares like with like.
-        passes = ("fwd+bwd",)
-        eager = baselines.cross_entropy_eager
+        eager = cross_entropy_eager
     else:  # fp8_row, fp8_block
         granularity = kernel.removeprefix("fp8_")
         x = _randn(tokens, width, dtype=dtype)
         n_scales = tokens * (1 if granularity == "row" else width // 128)
         args, grad_outs, nbytes = [x], None, {"fwd": elems * b + elems + n_scales * 4}
-        passes = ("fwd",)
-        eager = functools.partial(baselines.fp8_eager, granularity=granularity, block=128)
+        eager = functools.partial(fp8_eager, granularity=granularity, block=128)
     functions = {
         "ours": ours[kernel],
         "eager": eager,
         "compile": compiled or _compiled(eager),
         "liger": liger_fn,
     }
-    return Case(kernel, tokens, width, args, grad_outs, nbytes, functions, passes)
-
-
-@functools.cache
-def _compiled_fn(fn):
-    # Donated buffers would forbid the second backward (retain_graph) the "bwd" timer runs.
-    torch._functorch.config.donated_buffer = False
-    return torch.compile(fn, dynamic=False)
-
-
-def _compiled(fn, *extra):
-    compiled = _compiled_fn(fn)
-    if extra:  # rope: the HF-layout cos/sin replace ours
-        return lambda q, k, c, s: compiled(q, k, *extra)
-    return compiled
+    return Case(kernel, tokens, width, args, grad_outs, nbytes, functions, kernel_passes(kernel))
 
 
 def _outputs(out) -> list:
@@ -198,31 +288,27 @@ def run_once(case: Case, fn: Callable, args: list):
 
 
 def reference(case: Case):
-    """The eager function on fp32 copies of the inputs (fp8 quantisation: the input itself, dequantised
-    outputs are compared to it)."""
+    """The eager function on fp32 copies of the inputs (fp8 quantisation: the input itself, to which
+    the dequantised outputs are compared)."""
     if case.kernel.startswith("fp8"):
         return [case.args[0].float()], []
     args = [
         a.detach().float().requires_grad_(a.requires_grad) if a.is_floating_point() else a for a in case.args
     ]
-    eager = case.functions["eager"]
-    outs = _outputs(eager(*args))
+    outs = _outputs(case.functions["eager"](*args))
     diff = case.diff_args(args)
     grads = torch.autograd.grad(outs, diff, [g.float() for g in case.grad_outs] if case.grad_outs else None)
     return [o.detach() for o in outs], list(grads)
 
 
 def relative_error(case: Case, got, ref) -> float:
+    """The largest relative error of any output or gradient (NaN if any is NaN)."""
     outs, grads = got
     if case.kernel.startswith("fp8"):
         q, scales = outs
         group = 128 if case.kernel == "fp8_block" else case.width
-        deq = q.float() * scales.float().repeat_interleave(group, dim=-1)
-        outs = [deq]
-    errs = [
-        ((a.float() - b.float()).norm() / b.float().norm()).item()
-        for a, b in zip([*outs, *grads], [*ref[0], *ref[1]], strict=False)
-    ]
+        outs = [q.float() * scales.float().repeat_interleave(group, dim=-1)]
+    errs = [rel_err(a, b) for a, b in zip([*outs, *grads], [*ref[0], *ref[1]], strict=False)]
     return max(errs) if all(e == e for e in errs) else float("nan")
 
 
@@ -233,18 +319,19 @@ def _fresh(args: list) -> list:
     ]
 
 
-def _timers(case: Case, fn: Callable, args: list) -> dict[str, Callable]:
+def _timer(case: Case, fn: Callable, args: list, pass_: str) -> Callable:
     diff = case.diff_args(args)
+    if pass_ == "fwd":
+        return lambda: fn(*args)
+    if pass_ == "bwd":
+        kept = [o for o in _outputs(fn(*args)) if o.requires_grad]
+        return lambda: torch.autograd.grad(kept, diff, case.grad_outs, retain_graph=True)
 
     def fwd_bwd():
         outs = _outputs(fn(*args))
         return torch.autograd.grad([o for o in outs if o.requires_grad], diff, case.grad_outs)
 
-    timers = {"fwd": lambda: fn(*args), "fwd+bwd": fwd_bwd}
-    if "bwd" in case.passes:
-        kept = [o for o in _outputs(fn(*args)) if o.requires_grad]
-        timers["bwd"] = lambda: torch.autograd.grad(kept, diff, case.grad_outs, retain_graph=True)
-    return {p: timers[p] for p in case.passes}
+    return fwd_bwd
 
 
 def host_and_device_ms(fn: Callable, calls: int = 20) -> tuple[float, float]:
@@ -252,7 +339,7 @@ def host_and_device_ms(fn: Callable, calls: int = 20) -> tuple[float, float]:
     (the sum of its kernels' durations, from the profiler). When the first is the larger, the cell is
     bound by the host, not by the kernels -- at small shapes, a CUDA graph or a compiled region would
     hide it. NaN where the profiler is not available."""
-    if not common.ON_GPU:
+    if not ON_GPU:
         return float("nan"), float("nan")
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -272,108 +359,174 @@ def host_and_device_ms(fn: Callable, calls: int = 20) -> tuple[float, float]:
     return host_ms, device_ms
 
 
-_COPY_GBPS: dict[int, float] = {}
+@functools.cache
+def copy_gbps(nbytes: int, warmup_ms: float, rep_ms: float) -> float:
+    """GB/s of a device copy (``clone()``) that reads and writes ``nbytes`` in all, once per size."""
+    src = torch.randn(max(nbytes // 4, 1), device=DEVICE, dtype=torch.bfloat16)
+    return nbytes / bench(src.clone, warmup_ms=warmup_ms, rep_ms=rep_ms).ms / 1e6
 
 
-def copy_gbps(nbytes: int, bench_kw: dict) -> float:
-    """GB/s of a device copy (``clone()``) that reads and writes ``nbytes`` in all."""
-    if nbytes not in _COPY_GBPS:
-        src = torch.randn(max(nbytes // 4, 1), device=common.DEVICE, dtype=torch.bfloat16)
-        _COPY_GBPS[nbytes] = nbytes / bench(src.clone, **bench_kw).ms / 1e6
-    return _COPY_GBPS[nbytes]
+class _CaseCells:
+    """The cells of one kernel at one size. The inputs and the fp32 reference are built when its first
+    cell runs (a failure there fails each of its cells, as rows); each variant is checked once, before
+    its first pass is timed, and its inputs are dropped when the next variant starts."""
 
+    def __init__(self, kernel, tokens, width, dtype, liger):
+        self.spec = (kernel, tokens, width, dtype, liger)
+        self.case = self.ref = None
+        self.checked: dict[str, tuple] = {}
 
-def run_case(case: Case, variants, passes, writer: ResultWriter, bench_kw: dict, dtype_name: str) -> None:
-    ref = reference(case)
-    tol = TOLERANCE.get(case.kernel, DEFAULT_TOLERANCE)
-    inputs_gb = sum(a.numel() * a.element_size() for a in case.args if isinstance(a, torch.Tensor)) / 1e9
-    for variant in variants:
-        fn = case.functions[variant]
-        base = {
-            "variant": variant,
-            "shape": case.shape,
-            "dtype": dtype_name,
-            "kernel": case.kernel,
-            "tokens": case.tokens,
-            "width": case.width,
-        }
-        label = f"  {case.kernel:13s} {case.shape:>13s} {variant:8s}"
-        if isinstance(fn, str):
-            writer.write({**base, "pass": "all", "status": "skipped", "error": fn})
-            print(f"{label} skipped: {fn}")
-            continue
-        args = _fresh(case.args)
-        try:
-            err = relative_error(case, run_once(case, fn, args), ref)
-            if not err <= tol:
-                raise AssertionError(f"relative error {err:.3g} above {tol:g}: not timed")
-            with measure_peak_memory() as mem:
-                run_once(case, fn, args)
-            extra_gb = (mem.peak_bytes - mem.start_bytes) / 1e9
-            timers = _timers(case, fn, args)
-        except Exception as exc:  # a failed cell is a row, and the sweep goes on
-            row = writer.write({**base, "pass": "all", **failure_row(exc)})
-            print(f"{label} {row['status']}: {row['error'][:150]}")
-            continue
-        for name in passes:
-            if name not in timers:
-                continue
+    def _case(self) -> Case:
+        if self.case is None:
+            self.case = make_case(*self.spec)
+            self.ref = reference(self.case)
+        return self.case
+
+    def _check(self, variant: str):
+        """(args, relative error, extra GB) of ``variant``, or the exception its check raised."""
+        if variant not in self.checked:
+            self.checked.clear()  # the previous variant's inputs and outputs: no longer needed
             try:
-                timing = bench(timers[name], **bench_kw)
+                case = self._case()
+                fn = case.functions[variant]
+                args = _fresh(case.args)
+                err = relative_error(case, run_once(case, fn, args), self.ref)
+                check_close(f"{case.kernel} {variant}", err, TOLERANCE.get(case.kernel, DEFAULT_TOLERANCE))
+                with measure_peak_memory() as mem:
+                    run_once(case, fn, args)
+                self.checked[variant] = (args, err, (mem.peak_bytes - mem.start_bytes) / 1e9)
             except Exception as exc:
-                row = writer.write({**base, "pass": name, **failure_row(exc)})
-                print(f"{label} {name:8s} {row['status']}: {row['error'][:150]}")
-                continue
-            host_ms, device_ms = host_and_device_ms(timers[name])
-            nbytes = case.bytes[name]
-            gbps = nbytes / timing.ms / 1e6
-            copy = copy_gbps(nbytes, bench_kw)
-            writer.write(
-                {
-                    **base,
-                    "pass": name,
-                    **timing.as_row(),
-                    "bytes": nbytes,
-                    "gbps": gbps,
-                    "copy_gbps": copy,
-                    "pct_copy": 100 * gbps / copy,
-                    "rel_err": err,
-                    "extra_mem_gb": extra_gb,
-                    "inputs_gb": inputs_gb,
-                    "host_ms": host_ms,
-                    "device_ms": device_ms,
-                }
-            )
-            print(
-                f"{label} {name:8s} {timing.ms:9.4f} ms "
-                f"{gbps:8.1f} GB/s ({100 * gbps / copy:5.1f}% of copy)  err {err:.1e}  +{extra_gb:.2f} GB  "
-                f"host {host_ms:.3f} / device {device_ms:.3f} ms"
-            )
-        del args, timers
-    del ref
+                self.checked[variant] = exc
+        result = self.checked[variant]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def run(self, variant: str, pass_: str, bench_kw: dict) -> dict:
+        args, err, extra_gb = self._check(variant)
+        case = self.case
+        timer = _timer(case, case.functions[variant], args, pass_)
+        nbytes = case.bytes[pass_]
+        row = timed(timer, nbytes=nbytes, **bench_kw)
+        host_ms, device_ms = host_and_device_ms(timer)
+        copy = copy_gbps(nbytes, bench_kw.get("warmup_ms", 100.0), bench_kw.get("rep_ms", 500.0))
+        inputs_gb = sum(a.numel() * a.element_size() for a in case.args if isinstance(a, torch.Tensor)) / 1e9
+        return {
+            **row,
+            "bytes": nbytes,
+            "copy_gbps": copy,
+            "pct_copy": 100 * row["gbps"] / copy,
+            "rel_err": err,
+            "extra_mem_gb": extra_gb,
+            "inputs_gb": inputs_gb,
+            "host_ms": host_ms,
+            "device_ms": device_ms,
+        }
 
 
-def run(kernels, variants, passes, size: str, writer: ResultWriter, dtype_name: str, bench_kw: dict) -> None:
-    liger = baselines.liger_ops(KERNELS) if "liger" in variants else dict.fromkeys(KERNELS, "not requested")
+def _skipped(reason: str) -> Callable[[], dict]:
+    return lambda: {"status": "skipped", "error": reason}
+
+
+def count_cells(kernels, variants, passes, sizes) -> int:
+    liger = liger_ops()
+    n = 0
+    for kernel in kernels:
+        per_variant = len([p for p in kernel_passes(kernel) if p in passes])
+        for _ in sizes_of(kernel, sizes):
+            n += sum(1 if v == "liger" and isinstance(liger[kernel], str) else per_variant for v in variants)
+    return n
+
+
+def sizes_of(kernel: str, sizes) -> list[tuple[int, int]]:
+    """The (tokens, width) of ``kernel`` in the size sets ``sizes``, without repeats, in order."""
+    return list(dict.fromkeys(s for name in sizes for s in SIZES[name][kernel]))
+
+
+def cells(kernels, variants, passes, sizes, dtype_name: str, bench_kw: dict) -> Iterator[Cell]:
+    """One cell per kernel, size, variant and pass (one per variant when Liger's op is missing)."""
+    liger = liger_ops() if "liger" in variants else dict.fromkeys(KERNELS, "not requested")
     dtype = DTYPES[dtype_name]
     for kernel in kernels:
-        for tokens, width in SHAPES[size][kernel]:
-            try:
-                case = make_case(kernel, tokens, width, dtype, liger)
-                run_case(case, variants, passes, writer, bench_kw, dtype_name)
-            except Exception as exc:
-                writer.write(
-                    {
-                        "variant": "all",
-                        "shape": f"{tokens}x{width}",
-                        "dtype": dtype_name,
-                        "kernel": kernel,
-                        "pass": "all",
-                        **failure_row(exc),
-                    }
-                )
-                print(f"  {kernel} {tokens}x{width}: {exc}")
-            finally:
-                case = None
-                if common.ON_GPU:
-                    torch.cuda.empty_cache()
+        for tokens, width in sizes_of(kernel, sizes):
+            group = _CaseCells(kernel, tokens, width, dtype, liger)
+            key = {"kernel": kernel, "tokens": tokens, "width": width}
+            for variant in variants:
+                if variant == "liger" and isinstance(liger[kernel], str):
+                    yield Cell(
+                        variant,
+                        f"{tokens}x{width}",
+                        dtype_name,
+                        _skipped(liger[kernel]),
+                        {**key, "pass": "all"},
+                    )
+                    continue
+                for pass_ in kernel_passes(kernel):
+                    if pass_ in passes:
+                        run = functools.partial(group.run, variant, pass_, bench_kw)
+                        yield Cell(variant, f"{tokens}x{width}", dtype_name, run, {**key, "pass": pass_})
+            del group  # this size's tensors go before the next size's are made
+
+
+# --------------------------------------------------------------------------------------- tuning
+# (block bytes, warps, programs per SM) and (warps per SM, stages): what the committed settings were
+# chosen from.
+CE_SETTINGS = [(65536, 32, 1.0), (131072, 32, 1.0), (65536, 16, 2.0), (32768, 16, 2.0), (32768, 32, 1.0)]
+RMS_SETTINGS = [(16, 1), (32, 1), (16, 2), (32, 2), (16, 3), (32, 3)]
+TUNE_SIZES = {"cross_entropy": (16384, 128256), "rms_norm": (65536, 8192)}
+TUNE_SIZES_CPU = {"cross_entropy": (5, 700), "rms_norm": (33, 200)}
+
+
+def tune_cells(dtype_name: str, bench_kw: dict) -> list[Cell]:
+    """Cross-entropy forward+backward and RMSNorm backward at their tuning sizes, once per setting,
+    each checked against the fp32 eager result before it is timed."""
+    dtype = DTYPES[dtype_name]
+    sizes = TUNE_SIZES if ON_GPU else TUNE_SIZES_CPU
+    out = []
+    rows, vocab = sizes["cross_entropy"]
+    for block_bytes, warps, per_sm in CE_SETTINGS:
+        setting = CrossEntropySettings(block_bytes if ON_GPU else block_bytes // 64, warps, per_sm)
+        run = functools.partial(_tune_cross_entropy, rows, vocab, dtype, setting, bench_kw)
+        name = f"block_bytes={setting.block_bytes},warps={warps},programs_per_sm={per_sm}"
+        out.append(_tune_cell("cross_entropy", rows, vocab, "fwd+bwd", dtype_name, name, run))
+    rows, width = sizes["rms_norm"]
+    for warps_per_sm, stages in RMS_SETTINGS:
+        setting = RMSNormSettings(bwd_warps_per_sm=warps_per_sm, bwd_stages=stages)
+        run = functools.partial(_tune_rms_norm, rows, width, dtype, setting, bench_kw)
+        name = f"warps_per_sm={warps_per_sm},stages={stages}"
+        out.append(_tune_cell("rms_norm", rows, width, "bwd", dtype_name, name, run))
+    return out
+
+
+def _tune_cell(kernel, tokens, width, pass_, dtype_name, setting, run) -> Cell:
+    columns = {"kernel": kernel, "tokens": tokens, "width": width, "pass": pass_, "setting": setting}
+    return Cell("ours", f"{tokens}x{width}", dtype_name, run, columns)
+
+
+def _tune_cross_entropy(rows, vocab, dtype, setting, bench_kw) -> dict:
+    logits = _randn(rows, vocab, dtype=dtype, requires_grad=True)
+    target = torch.randint(0, vocab, (rows,), device=DEVICE)
+    ref = torch.autograd.grad(F.cross_entropy(logits.float(), target), logits)[0]
+
+    def step():
+        loss = CrossEntropyFunction.apply(logits, target, -100, "mean", False, True, setting)
+        return torch.autograd.grad(loss, logits)[0]
+
+    err = rel_err(step(), ref)
+    check_close("cross_entropy", err, DEFAULT_TOLERANCE)
+    return {**timed(step, nbytes=2 * logits.numel() * logits.element_size(), **bench_kw), "rel_err": err}
+
+
+def _tune_rms_norm(rows, width, dtype, setting, bench_kw) -> dict:
+    x = _randn(rows, width, dtype=dtype, requires_grad=True)
+    w = (1 + 0.1 * _randn(width, dtype=torch.float32)).to(dtype).requires_grad_()
+    dy = torch.randn_like(x)
+    ref = torch.autograd.grad(F.rms_norm(x.float(), (width,), w.float(), 1e-6), x, dy.float())[0]
+    y = RMSNormFunction.apply(x, w, 1e-6, setting)
+
+    def backward():
+        return torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+
+    err = rel_err(backward()[0], ref)
+    check_close("rms_norm", err, DEFAULT_TOLERANCE)
+    return {**timed(backward, nbytes=3 * x.numel() * x.element_size(), **bench_kw), "rel_err": err}

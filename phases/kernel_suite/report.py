@@ -1,8 +1,16 @@
-"""Render reports/kernel_suite.md: per-kernel tables and plots, the goals, and the final table."""
+"""reports/kernel_suite.md: the verdicts, the final table, the goals, per-kernel tables and plots."""
 
 import pandas as pd
 
-from common.report import Figures, failures_table, markdown_table, select_latest
+from common.report import (
+    Figures,
+    PhaseReport,
+    Verdict,
+    best_baseline_verdict,
+    failures_table,
+    markdown_table,
+    select_latest,
+)
 
 KERNELS = ("rms_norm", "gelu", "swiglu", "rope", "cross_entropy", "fp8_row", "fp8_block")
 BASELINES = ("eager", "compile", "liger")
@@ -11,6 +19,10 @@ COPY_GOAL_PCT = 90.0
 # Medians of the same cell move by about 1-2% between runs on this machine: closer than that is a tie.
 TIE = 1.02
 CE_GOAL_MS, CE_GOAL_SHAPE = 3.5, "16384x128256"
+# The headline goal (README): at its largest size each op is at least as fast as the fastest of
+# eager, torch.compile and Liger-Kernel measured in the same run.
+HEADLINE_GOAL = 1.0
+TITLE = "kernel_suite — Triton RMSNorm, GELU, SwiGLU, RoPE, cross-entropy and FP8 quantisation"
 
 
 def _main_pass(kernel: str) -> str:
@@ -54,7 +66,7 @@ def _kernel_table(rows: pd.DataFrame) -> pd.DataFrame:
         if ours is not None and not others.empty:
             best = _fastest(others)
             line["best other"] = best["variant"]
-            line["speedup vs best"] = best["ms"] / ours["ms"]
+            line["speedup_vs_best"] = best["ms"] / ours["ms"]
             if "device_ms" in others:
                 line["others' min device ms"] = others["device_ms"].min()
         for column, key in (
@@ -88,7 +100,8 @@ def _plot(kernel: str, rows: pd.DataFrame, fig: Figures) -> str:
         series="variant",
         name=kernel,
         logx=True,
-        title=f"{kernel} {_main_pass(kernel)}: GB/s (inputs read once, outputs written once)",
+        title=f"{kernel} {_main_pass(kernel)}, {'/'.join(sorted(main['dtype'].unique()))}, "
+        f"tokens x width {min(main['shape'], key=_elements)} to {max(main['shape'], key=_elements)}: GB/s",
         xlabel="tokens x width",
         ylabel="GB/s",
     )
@@ -162,7 +175,7 @@ def _final_table(ok: pd.DataFrame) -> str:
                 {
                     "base latency (ms)": best["ms"],
                     "base": best["variant"],
-                    "speedup": best["ms"] / mine["ms"],
+                    "speedup_vs_best": best["ms"] / mine["ms"],
                     "metric": "GB/s",
                     "our perf": mine["gbps"],
                     "base perf": best["gbps"],
@@ -173,14 +186,14 @@ def _final_table(ok: pd.DataFrame) -> str:
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    df = select_latest(df, ["kernel", "shape", "pass", "variant"])
+    df = select_latest(df, ["kernel", "shape", "dtype", "pass", "variant"])
     ok = df.loc[df["status"] == "ok"]
     parts = [
         "Each kernel against PyTorch eager, `torch.compile` of the same eager code and Liger-Kernel, bf16, "
         "every cell checked against the eager function on fp32 inputs before it is timed (`rel err`). "
         "GB/s counts each input read once and each output written once; `% copy` compares it with a "
         "`clone()` moving as many bytes, measured in the same run. `extra GB` is the memory a forward+backward "
-        "allocates beyond its inputs. Speedups are the best alternative's time over ours (> 1: ours is faster). "
+        "allocates beyond its inputs. `speedup_vs_best` is the best alternative's time over ours (> 1: ours is faster). "
         "`host ms` is the CPU time of one call (Python, autograd, launches; measured without waiting for the GPU), "
         "`device ms` the sum of its kernels' durations (profiler): where host > device, the cell measures "
         "launch overhead, not kernels.\n",
@@ -190,7 +203,7 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "\n## Goals\n\n",
         _goals(ok),
         "\nWhy each miss happens, measured: the notes in "
-        "[phases/kernel_suite/README.md](../phases/kernel_suite/README.md#notes-predictions-results-why).\n",
+        "[phases/kernel_suite/README.md](../phases/kernel_suite/README.md#tried-and-dropped).\n",
     ]
     for kernel in KERNELS:
         rows = ok.loc[ok["kernel"] == kernel]
@@ -199,3 +212,37 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         parts += [f"\n## {kernel}\n\n", markdown_table(_kernel_table(rows)), "\n", _plot(kernel, rows, fig)]
     parts.append(failures_table(df))
     return "".join(parts)
+
+
+def headline(df: pd.DataFrame) -> list[Verdict]:
+    """Per op, at its largest size in its main pass (bf16 where measured): ours against the fastest
+    of eager, compile and Liger in the same run."""
+    ok = df.loc[df["status"] == "ok"] if "status" in df else df
+    if ok.empty or "kernel" not in ok:
+        return []
+    verdicts = []
+    for kernel in KERNELS:
+        rows = ok.loc[(ok["kernel"] == kernel) & (ok["pass"] == _main_pass(kernel))]
+        if rows.empty:
+            continue
+        dtypes = list(rows["dtype"].unique())
+        dtype = "bf16" if "bf16" in dtypes else dtypes[0]
+        rows = rows.loc[rows["dtype"] == dtype]
+        shape = _largest_shape(rows)
+        if shape is None:
+            continue
+        verdict = best_baseline_verdict(
+            "kernel_suite",
+            rows,
+            cell=f"{kernel} {_main_pass(kernel)} {shape} {dtype}",
+            where={"shape": shape},
+            ours="ours",
+            baselines=list(BASELINES),
+            goal=HEADLINE_GOAL,
+        )
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts
+
+
+REPORT = PhaseReport("kernel_suite", TITLE, render, headline)

@@ -1,17 +1,18 @@
 """Phase 08's graphed mode: the command line, the report's two sections, and a replay's gradient."""
 
-import importlib
-
 import pandas as pd
 import pytest
 import torch
 
 import common
 from common.report import Figures
+from phases.__main__ import phase_module
+from tritonlab.gmm import gmm_nll
+from tritonlab.models import gmm_nll as gmm_nll_eager
 
-p08 = importlib.import_module("phases.08_gmm_logprob")
-script = importlib.import_module("phases.08_gmm_logprob.__main__")
-report = importlib.import_module("phases.08_gmm_logprob.report")
+script = phase_module("08", "__main__")
+bench = phase_module("08", "bench")
+report = phase_module("08", "report")
 
 
 # -- the command line ----------------------------------------------------------------------------
@@ -69,25 +70,25 @@ def inputs(T=37):
     return params, torch.randn(T, device=common.DEVICE), torch.ones((), device=common.DEVICE)
 
 
-@pytest.mark.parametrize("fn", [script.baseline.gmm_nll, p08.gmm_nll], ids=["eager", "fused"])
+@pytest.mark.parametrize("fn", [gmm_nll_eager, gmm_nll], ids=["eager", "fused"])
 def test_graphed_check_passes_a_faithful_replay(monkeypatch, fn):
-    monkeypatch.setattr(script, "graph_replay", static_outputs)
-    result = script.check_and_time_graphed(fn, *inputs())
+    monkeypatch.setattr(bench, "graph_replay", static_outputs)
+    result = bench.check_and_time_graphed(fn, *inputs())
     assert result["err_grad"] < 1e-5 and result["fwd_bwd_ms"] > 0 and result["reps"] >= 1
 
 
 def test_graphed_check_fails_a_replay_that_ignores_new_inputs(monkeypatch):
-    monkeypatch.setattr(script, "graph_replay", stale_outputs)
-    with pytest.raises(AssertionError, match="replayed gradient differs"):
-        script.check_and_time_graphed(script.baseline.gmm_nll, *inputs())
+    monkeypatch.setattr(bench, "graph_replay", stale_outputs)
+    with pytest.raises(AssertionError, match="replayed gradient"):
+        bench.check_and_time_graphed(gmm_nll_eager, *inputs())
 
 
 def test_graphed_copy_is_checked(monkeypatch):
-    monkeypatch.setattr(script, "graph_replay", lambda call: static_outputs(lambda: (call(),)))
-    assert script.time_copy(1000, common.DEVICE, graphed=True)["fwd_bwd_ms"] > 0
-    monkeypatch.setattr(script, "graph_replay", lambda call: stale_outputs(lambda: (call(),)))
+    monkeypatch.setattr(bench, "graph_replay", lambda call: static_outputs(lambda: (call(),)))
+    assert bench.time_copy(1000, common.DEVICE, graphed=True)["fwd_bwd_ms"] > 0
+    monkeypatch.setattr(bench, "graph_replay", lambda call: stale_outputs(lambda: (call(),)))
     with pytest.raises(AssertionError, match="did not reproduce"):
-        script.time_copy(1000, common.DEVICE, graphed=True)
+        bench.time_copy(1000, common.DEVICE, graphed=True)
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -151,7 +152,7 @@ def test_report_renders_autograd_and_graphed_sections(tmp_path):
     assert "26.7× graphed eager (goal 5×): **met**" in replays
     cells = section(replays, "### All graphed cells", "### Cells that did not finish")
     assert cells.count("| mid ") == 3 and cells.count("| T=4194304 ") == 3
-    assert "| 66.67 " in cells  # fused's share of the graphed copy at mid, in percent
+    assert "| 0.6667 " in cells  # fused's share of the graphed copy at mid: the copy's time over fused's
     assert "capture failed" in replays[replays.index("### Cells that did not finish") :]
 
 
@@ -173,7 +174,7 @@ def test_graphed_fused_gradient_matches_the_plain_call(T):
     params = torch.randn(T, 10, 3, device=common.DEVICE, dtype=torch.bfloat16).requires_grad_()
     y = torch.randn(T, device=common.DEVICE)
     grad_loss = torch.ones((), device=common.DEVICE)
-    replay = common.graph_replay(lambda: torch.autograd.grad(p08.gmm_nll(params, y), (params,), grad_loss))
+    replay = common.graph_replay(lambda: torch.autograd.grad(gmm_nll(params, y), (params,), grad_loss))
     replay()  # captured here, on the first inputs
     with torch.no_grad():  # fresh values in the captured buffers, and a gradient the replay must overwrite
         params.copy_(torch.randn_like(params))
@@ -181,5 +182,17 @@ def test_graphed_fused_gradient_matches_the_plain_call(T):
     (graphed,) = replay()
     graphed.fill_(float("nan"))
     (graphed,) = replay()
-    (plain,) = torch.autograd.grad(p08.gmm_nll(params, y), (params,), grad_loss)
+    (plain,) = torch.autograd.grad(gmm_nll(params, y), (params,), grad_loss)
     assert torch.equal(graphed, plain)  # the same kernels on the same inputs: the same bits
+
+
+def test_headline_is_fused_against_eager_and_the_copy(tmp_path):
+    graphed = rows("run-b", "2026-11-22T02:00:00", "graphed", "mid", 4000, {"eager": 0.1, "fused": 0.015})
+    graphed += rows("run-b", "2026-11-22T02:00:00", "graphed", "mid", 4000, {"copy": 0.01})
+    big = {"eager": 8.0, "compile": 1.5, "fused": 0.3, "copy": 0.27}
+    graphed += rows("run-b", "2026-11-22T02:00:00", "autograd", "T=4194304", 4194304, big)
+    verdicts = {v.cell: v for v in report.headline(pd.DataFrame(graphed))}
+    assert verdicts["mid, graphed"].baseline == "eager" and verdicts["mid, graphed"].verdict() == "met"
+    assert verdicts["mid, graphed, share of copy"].verdict() == "missed by 17%"  # 67% against 80%
+    assert verdicts["T=4194304, autograd"].ratio == pytest.approx(8.0 / 0.3)
+    assert verdicts["T=4194304, autograd, share of copy"].verdict() == "met"

@@ -1,0 +1,326 @@
+"""What phases 02, 03 and 04 measure alike: attention at the TransformerNP's shapes, side by side
+with SDPA, as ``common.runner`` cells, and the report section they share.
+
+A *case* is one attention problem: a TransformerNP shape (Lq = M+N queries over Lk = M keys, H = 8
+heads of D = 64, the model's batch sizes) or a point of the Lk sweep. Inputs are made as the model
+makes them: strided views of (B, L, H·D) projections. Each cell checks its implementation against
+the reference SDPA backend (cuDNN on a GPU, the math backend on the CPU) and then times it; a cell
+that fails or runs out of memory becomes a row saying so.
+"""
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tritonlab.models import SHAPES, resolve_shape
+from tritonlab.testing import DTYPES
+from tritonlab.tuning import ConfigRecord
+
+from .device import DEVICE, ON_GPU
+from .memory import measure_peak_memory
+from .report import (
+    Figures,
+    Verdict,
+    add_speedup,
+    best_baseline_verdict,
+    failures_table,
+    markdown_table,
+    select_latest,
+)
+from .runner import Cell, check_close, timed
+from .timing import graph_replay
+
+HEADS, HEAD_DIM = 8, 64
+TNP_SHAPES = tuple(SHAPES)  # small, mid, large, tiny
+GPU_SHAPES = ("small", "mid", "large")
+SWEEP_LK = (1_000, 3_000, 10_000, 30_000, 100_000, 200_000)
+CPU_SWEEP_LK = (40, 90)
+CPU_MAX_LK = 1_000  # the interpreter's limit for --sweep-lk
+# The sweep keeps B·H·Lq near the large shape's 8 × 205 000 query rows, so every point fills the
+# GPU and the work grows linearly with Lk; H stays 8 and B absorbs the rest.
+SWEEP_QUERY_ROWS = 8 * 220_000
+TOLERANCE = 1e-2  # max abs error of the output against SDPA
+GRAD_TOLERANCE = 3e-2  # max abs error of dq, dk, dv relative to the largest SDPA gradient
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
+# bf16 on the GPU; fp16 on the CPU, where the interpreter's bf16 dots are wrong.
+DEFAULT_DTYPE = "bf16" if ON_GPU else "fp16"
+SDPA = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
+CONFIG_COLUMNS = {"forward": "config", "dkdv": "dkdv_config", "dq": "dq_config", "fused": "fused_config"}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    lq: int
+    lk: int
+    heads: int = HEADS
+    head_dim: int = HEAD_DIM
+
+    def forward_flops(self) -> float:
+        return 4.0 * self.batch * self.heads * self.lq * self.lk * self.head_dim
+
+    def columns(self) -> dict:
+        return {
+            "batch": self.batch,
+            "heads": self.heads,
+            "lq": self.lq,
+            "lk": self.lk,
+            "head_dim": self.head_dim,
+        }
+
+
+def tnp_case(name: str) -> Case:
+    shape = resolve_shape(name)
+    return Case(shape.name, shape.batch, shape.m_context + shape.n_target, shape.m_context)
+
+
+def sweep_case(lk: int) -> Case:
+    lq = round(1.1 * lk)
+    rows = SWEEP_QUERY_ROWS if ON_GPU else 2 * lq
+    return Case(f"sweep-Lk{lk}", max(1, round(rows / (HEADS * lq))), lq, lk)
+
+
+def add_case_arguments(parser) -> None:
+    """--sweep and --sweep-lk, the flags every attention phase shares beyond the common ones."""
+    parser.add_argument(
+        "--sweep", action="store_true", help="also sweep Lk over 1 000 ... 200 000 at Lq = 1.1 Lk"
+    )
+    parser.add_argument(
+        "--sweep-lk", nargs="+", type=int, default=None, metavar="LK",
+        help=f"the sweep's Lk values (default {' '.join(map(str, SWEEP_LK))}; on the CPU "
+        f"{' '.join(map(str, CPU_SWEEP_LK))}, at most {CPU_MAX_LK})",
+    )  # fmt: skip
+    parser.set_defaults(dtype=DEFAULT_DTYPE)
+
+
+def cases_from(parser, args) -> list[Case]:
+    """The TNP cases of ``--shape`` and the sweep's; a bad value is the parser's error."""
+    if not ON_GPU and args.dtype == "bf16":
+        parser.error("--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp16 or fp32 here")
+    cases = [tnp_case(name) for name in args.shape]
+    if args.sweep or args.sweep_lk:
+        lks = args.sweep_lk or (SWEEP_LK if ON_GPU else CPU_SWEEP_LK)
+        if any(lk < 1 for lk in lks):
+            parser.error(f"--sweep-lk: every Lk must be >= 1, got {' '.join(map(str, lks))}")
+        if not ON_GPU and max(lks) > CPU_MAX_LK:
+            parser.error(
+                f"--sweep-lk: at most {CPU_MAX_LK} in Triton's interpreter on the CPU, got {max(lks)}"
+            )
+        cases += [sweep_case(lk) for lk in lks]
+    return cases
+
+
+def make_inputs(case: Case, dtype: torch.dtype, grad: bool, seed: int = 0):
+    """q, k, v as the model makes them -- strided views of (B, L, H·D) projections -- and dO."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    B, H, D = case.batch, case.heads, case.head_dim
+    q = torch.randn(B, case.lq, H * D, device=DEVICE, dtype=dtype, generator=g)
+    kv = torch.randn(B, case.lk, 2 * H * D, device=DEVICE, dtype=dtype, generator=g)
+    q = q.view(B, case.lq, H, D).transpose(1, 2)
+    kv = kv.view(B, case.lk, 2, H, D)
+    k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+    if grad:
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    do = torch.randn(B, case.lq, H * D, device=DEVICE, dtype=dtype, generator=g).view(B, case.lq, H, D)
+    return q, k, v, do.transpose(1, 2)
+
+
+def sdpa(backend: SDPBackend) -> Callable:
+    def attend(q, k, v):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return attend
+
+
+def sdpa_variants() -> dict[str, Callable]:
+    """SDPA's cuDNN and flash backends, side by side on a GPU (none in the interpreter)."""
+    return {name: sdpa(backend) for name, backend in SDPA.items()} if ON_GPU else {}
+
+
+def run_case(fn, q, k, v, do, backward: bool):
+    """One call: the forward output, and with ``backward`` the three input gradients too."""
+    o = fn(q, k, v)
+    if isinstance(o, tuple):
+        o = o[0]
+    if not backward:
+        return (o,)
+    return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+
+def max_errors(ours, ref) -> dict:
+    row = {}
+    for name, a, b in zip(("o", "dq", "dk", "dv"), ours, ref, strict=False):
+        row[f"err_{name}"] = (a.float() - b.float()).abs().max().item()
+        row[f"relerr_{name}"] = row[f"err_{name}"] / max(b.float().abs().max().item(), 1e-6)
+    return row
+
+
+def attention_cells(
+    variants: dict[str, Callable],
+    cases: list[Case],
+    *,
+    backward: bool,
+    dtype: str,
+    graphed: bool = False,
+) -> Iterator[Cell]:
+    """One cell per (case, variant), the case's inputs and reference built once for its cells.
+
+    A variant whose name starts with ``triton`` is called with ``record=`` and its configs become
+    columns (``config``, ``dkdv_config``, ``dq_config``, ``fused_config``, ``n_regs``, ``n_spills``).
+    With ``graphed`` every call is captured once in a CUDA graph and timed as a replay: no host work
+    per call, so a shape whose calls are bound by the host (small) compares the kernels themselves.
+    """
+    torch_dtype = DTYPES[dtype]
+    mode = ("fwd+bwd" if backward else "fwd") + (" graphed" if graphed else "")
+    for case in cases:
+
+        @functools.cache
+        def prepared(case=case):
+            inputs = make_inputs(case, torch_dtype, backward)
+            backend = SDPBackend.CUDNN_ATTENTION if ON_GPU and dtype != "fp32" else SDPBackend.MATH
+            if ON_GPU and dtype == "fp32":
+                backend = SDPBackend.EFFICIENT_ATTENTION  # cuDNN and flash take 16-bit inputs only
+            ref = [t.detach() for t in run_case(sdpa(backend), *inputs, backward)]
+            return inputs, ref
+
+        for variant, fn in variants.items():
+            run = functools.partial(_measure, case, variant, fn, prepared, backward, graphed)
+            yield Cell(variant, case.name, dtype, run, {"mode": mode, **case.columns()})
+        prepared.cache_clear()  # the case's tensors go before the next case's are made
+
+
+def count_cells(variants, cases) -> int:
+    return len(variants) * len(cases)
+
+
+def _measure(case: Case, variant: str, fn, prepared, backward: bool, graphed: bool) -> dict:
+    inputs, ref = prepared()
+    record = ConfigRecord() if variant.startswith("triton") else None
+    attend = functools.partial(fn, record=record) if record is not None else fn
+
+    def call():
+        return run_case(attend, *inputs, backward)
+
+    call = graph_replay(call) if graphed and ON_GPU else call
+    call()  # compiles and autotunes, so the peak below is one call's
+    with measure_peak_memory() as mem:
+        errors = max_errors([t.detach() for t in call()], ref)
+    check_close("output against SDPA (max abs)", errors["err_o"], TOLERANCE)
+    for g in ("dq", "dk", "dv"):
+        if f"relerr_{g}" in errors:
+            check_close(f"{g} against SDPA (relative to its largest)", errors[f"relerr_{g}"], GRAD_TOLERANCE)
+    large = case.lq * case.lk * case.batch * case.heads > 2e10
+    budget = {"warmup_ms": 25.0, "rep_ms": 150.0}
+    if large or not ON_GPU:  # one call takes ~0.2 s at large; in the interpreter a call only has to run
+        budget = {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}
+    flops = (3.5 if backward else 1.0) * case.forward_flops()  # backward = 2.5 × the forward
+    row = timed(call, flops=flops, **budget)
+    # peak_mem_gb is the device's peak (inputs included); call_mem_gb what the call itself added.
+    row.update(peak_mem_gb=mem.peak_gb, call_mem_gb=(mem.peak_bytes - mem.start_bytes) / 1e9, **errors)
+    if record is not None:
+        row.update({CONFIG_COLUMNS.get(k, k): _number(v) for k, v in record.picked.items()})
+    return row
+
+
+def _number(text: str):
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+# --- the report section phases 02, 03 and 04 share -------------------------------------------------
+
+KEYS = ["variant", "shape", "dtype", "mode"]
+MEASURED = ["ms", "tflops", "speedup_vs_sdpa_cudnn", "speedup_vs_sdpa_flash", "peak_mem_gb"]
+TNP_COLUMNS = [
+    "variant",
+    "shape",
+    "dtype",
+    "mode",
+    "batch",
+    "lq",
+    "lk",
+    *MEASURED,
+    "call_mem_gb",
+    "err_o",
+    "config",
+]
+SWEEP_COLUMNS = ["variant", "dtype", "batch", "lq", "lk", *MEASURED]
+CONFIG_TABLE = [
+    "variant",
+    "shape",
+    "dtype",
+    "config",
+    "dkdv_config",
+    "dq_config",
+    "fused_config",
+    "n_regs",
+    "n_spills",
+]
+
+
+def _present(columns: list[str], df: pd.DataFrame) -> list[str]:
+    return [c for c in columns if c in df]
+
+
+def with_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """``speedup_vs_sdpa_cudnn`` and ``speedup_vs_sdpa_flash``: the backend's time over the row's, in
+    the same run group (rows before the rename had these as ``x_vs_cudnn``/``x_vs_flash``, computed
+    here too, never stored)."""
+    for base in SDPA:
+        df = add_speedup(df, ["shape", "dtype", "mode"], base, "ms", f"speedup_vs_{base.replace('-', '_')}")
+    return df
+
+
+def render_attention(df: pd.DataFrame, fig: Figures, *, title: str) -> str:
+    df = with_speedups(select_latest(df, KEYS))
+    ok = df.loc[df["status"] == "ok"]
+    parts = [
+        f"## {title}: TransformerNP shapes (H = 8, D = 64)\n",
+        "TFLOP/s count the forward as 4·B·H·Lq·Lk·D and the backward as 2.5× that; `speedup_vs_sdpa_*` "
+        "is the SDPA backend's time over this row's, measured in the same run. `err_o` is the max "
+        "abs error of the output against SDPA cuDNN, checked before timing (and, with a backward, "
+        "dq, dk, dv within 3% of the largest SDPA gradient). `peak_mem_gb` is the device's peak "
+        "during one call, inputs included -- and, in every row after a run's first, the 0.27 GB "
+        "L2-flush buffer of the timer; `call_mem_gb` is what the call itself allocates. A mode ending in "
+        "`graphed` times a replay of the same call captured in a CUDA graph, for every implementation "
+        "alike: no host work per call, so it compares the kernels where the plain call is bound by the host.\n",
+        markdown_table(
+            ok.loc[ok["shape"].isin(TNP_SHAPES)].sort_values(["shape", "dtype", "ms"]),
+            _present(TNP_COLUMNS, df),
+        ),
+    ]
+    sweep = ok.loc[ok["shape"].str.startswith("sweep")]
+    for dtype, part in sweep.groupby("dtype"):
+        parts += [
+            f"\n## Sweep over Lk ({dtype}; Lq = 1.1·Lk, H = 8, B·H·Lq ≈ 1.76 M query rows)\n",
+            fig.line_plot(
+                part, x="lk", y="tflops", series="variant", name=f"sweep_tflops_{dtype}",
+                title=f"{title}: TFLOP/s against Lk, {dtype}, Lq = 1.1·Lk, D = 64",
+                xlabel="Lk (keys)", ylabel="TFLOP/s", logx=True,
+            ),
+            markdown_table(part.sort_values(["lk", "variant"]), _present(SWEEP_COLUMNS, part)),
+        ]  # fmt: skip
+    configs = ok.loc[ok["variant"].str.startswith("triton"), _present(CONFIG_TABLE, ok)]
+    if not configs.empty:
+        parts += ["\n## Autotuned configs chosen per shape\n", markdown_table(configs.drop_duplicates())]
+    return "\n".join(parts) + failures_table(df)
+
+
+def attention_verdicts(phase: str, df: pd.DataFrame, goals: list[tuple]) -> list[Verdict]:
+    """goals: (our variant, shape, mode, goal ratio against the best SDPA backend) -> verdicts, in bf16
+    (the dtype of the goals)."""
+    verdicts = []
+    for ours, shape, mode, goal in goals:
+        verdict = best_baseline_verdict(
+            phase, df, cell=f"{shape}, {mode}, bf16", where={"shape": shape, "mode": mode, "dtype": "bf16"},
+            ours=ours, baselines=list(SDPA), goal=goal,
+        )  # fmt: skip
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts

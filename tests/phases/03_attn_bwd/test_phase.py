@@ -1,0 +1,35 @@
+"""Phase 03's command line, a tiny run on the CPU, and its headline from GPU-like rows."""
+
+import pandas as pd
+import pytest
+
+from common import ON_GPU
+from phases.__main__ import phase_module, run_phase
+
+
+def test_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_phase("03", ["--help"])
+    assert exit_.value.code == 0 and "--sweep" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU smoke run")
+def test_tiny_run_writes_rows_with_both_backward_configs(tmp_path):
+    run_phase("03", ["--out", str(tmp_path), "--no-report", "--dtype", "fp32"])
+    rows = pd.concat(pd.read_csv(p) for p in (tmp_path / "data" / "03_attn_bwd").glob("*.csv"))
+    assert (rows["status"] == "ok").all(), rows[["variant", "error"]]
+    assert list(rows["variant"]) == ["triton-2pass"] and list(rows["mode"]) == ["fwd+bwd"]
+    for column in ("config", "dkdv_config", "dq_config", "err_dq", "relerr_dv"):
+        assert column in rows
+
+
+def test_headline_against_the_best_sdpa_backend():
+    report = phase_module("03", "report")
+    df = pd.DataFrame(
+        [{"variant": v, "shape": "mid", "dtype": "bf16", "mode": "fwd+bwd", "status": "ok", "ms": ms,
+          "gpu": "H100", "utc": "2026-11-22", "run_group": "g"}
+         for v, ms in {"triton-2pass": 9.0, "sdpa-cudnn": 8.0, "sdpa-flash": 11.0}.items()]
+    )  # fmt: skip
+    (verdict,) = report.headline(df)
+    assert verdict.baseline == "sdpa-cudnn" and verdict.ratio == pytest.approx(8 / 9)
+    assert verdict.verdict() == "missed by 11%"

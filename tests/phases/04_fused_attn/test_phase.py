@@ -1,0 +1,47 @@
+"""Phase 04's command line, a tiny run on the CPU, and its headline from GPU-like rows."""
+
+import pandas as pd
+import pytest
+
+from common import ON_GPU
+from phases.__main__ import phase_module, run_phase
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"), [(["--help"], 0), (["--two-pass-on", "huge"], 2), (["--graphed-on", "nope"], 2)]
+)
+def test_help_and_bad_values(argv, code):
+    with pytest.raises(SystemExit) as exit_:
+        run_phase("04", argv)
+    assert exit_.value.code == code
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU smoke run")
+def test_tiny_run_side_by_side_with_the_two_pass_backward(tmp_path, capsys):
+    with pytest.raises(SystemExit):  # no CUDA graphs on the CPU
+        run_phase("04", ["--graphed-on", "tiny"])
+    assert "CUDA graphs need a CUDA GPU" in capsys.readouterr().err
+    run_phase("04", ["--out", str(tmp_path), "--no-report", "--sweep-lk", "20"])
+    rows = pd.concat(pd.read_csv(p) for p in (tmp_path / "data" / "04_fused_attn").glob("*.csv"))
+    assert (rows["status"] == "ok").all(), rows[["variant", "error"]]
+    by_shape = rows.groupby("shape")["variant"].apply(set).to_dict()
+    assert by_shape == {"tiny": {"triton-fused", "triton-2pass"}, "sweep-Lk20": {"triton-fused"}}
+    assert rows.loc[rows["variant"] == "triton-fused", "fused_config"].str.startswith("interpreter:").all()
+
+
+def test_headline_has_the_graphed_small_cell():
+    report = phase_module("04", "report")
+    rows = []
+    for mode, ours, cudnn in (("fwd+bwd", 0.36, 0.26), ("fwd+bwd graphed", 0.13, 0.26)):
+        for v, ms in {
+            "triton-fused": ours,
+            "triton-2pass": 0.5,
+            "sdpa-cudnn": cudnn,
+            "sdpa-flash": 0.4,
+        }.items():
+            rows.append({"variant": v, "shape": "small", "dtype": "bf16", "mode": mode, "status": "ok", "ms": ms,
+                         "gpu": "H100", "utc": "2026-11-22", "run_group": "g"})  # fmt: skip
+    verdicts = {v.cell: v for v in report.headline(pd.DataFrame(rows))}
+    assert verdicts["small, fwd+bwd graphed, bf16"].ratio == pytest.approx(2.0)
+    assert verdicts["small, fwd+bwd graphed, bf16"].verdict() == "met"
+    assert verdicts["small, fwd+bwd, bf16"].verdict().startswith("missed")

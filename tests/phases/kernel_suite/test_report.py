@@ -1,0 +1,56 @@
+"""Phase kernel_suite's report: the headline verdicts take ours against the fastest baseline of the
+same run at each op's largest size, and the tables render."""
+
+import pandas as pd
+
+from common.report import Figures
+from phases.__main__ import phase_module
+
+
+def gpu_rows() -> pd.DataFrame:
+    rows = []
+    for kernel, passes in (("rms_norm", ("fwd", "fwd+bwd")), ("fp8_row", ("fwd",))):
+        for shape, scale in (("4096x1024", 1.0), ("65536x8192", 10.0)):
+            for pass_ in passes:
+                for variant, ms in (("ours", 1.0), ("eager", 2.0), ("compile", 1.5), ("liger", None)):
+                    rows.append(
+                        {
+                            "gpu": "NVIDIA H100 80GB HBM3",
+                            "variant": variant,
+                            "shape": shape,
+                            "dtype": "bf16",
+                            "status": "ok" if ms else "skipped",
+                            "error": "" if ms else "liger-kernel not importable",
+                            "kernel": kernel,
+                            "pass": pass_ if ms else "all",
+                            "ms": ms * scale if ms else float("nan"),
+                            "gbps": 2000.0 / (ms or 1),
+                            "copy_gbps": 2900.0,
+                            "pct_copy": 2000.0 / (ms or 1) / 29,
+                            "host_ms": 0.05,
+                            "device_ms": 0.04,
+                            "extra_mem_gb": 0.1,
+                            "rel_err": 1e-3,
+                            "utc": "2026-11-21T20:00:00Z",
+                            "run_group": "g1",
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+def test_headline_is_ours_against_the_best_baseline_at_the_largest_size():
+    report = phase_module("kernel_suite", "report")
+    verdicts = {v.cell: v for v in report.headline(gpu_rows())}
+    assert set(verdicts) == {"rms_norm fwd+bwd 65536x8192 bf16", "fp8_row fwd 65536x8192 bf16"}
+    for v in verdicts.values():
+        assert v.baseline == "compile" and abs(v.ratio - 1.5) < 1e-9 and v.verdict() == "met"
+
+
+def test_render_names_the_ratio_column_and_plots(tmp_path):
+    report = phase_module("kernel_suite", "report")
+    text = report.render(gpu_rows(), Figures("kernel_suite", tmp_path, "NVIDIA H100 80GB HBM3"))
+    assert (
+        "speedup_vs_best" in text and "## Final table" in text and "figures/kernel_suite_rms_norm.png" in text
+    )
+    assert report.REPORT.title.startswith("kernel_suite — ")
+    assert report.headline(pd.DataFrame()) == []

@@ -1,0 +1,106 @@
+"""tritonlab.models: the GMM loss, the rectangular attention, the model's shapes and gradients, training."""
+
+import math
+
+import pytest
+import torch
+
+from tritonlab import models as baseline
+
+TINY = baseline.TNPConfig(n_layers=2, n_heads=2, head_dim=16, d_ff=48, n_components=3, d_head_hidden=24)
+
+
+def gmm_nll_float64_reference(params, y):
+    """Mixture density summed directly (not in log space), in float64: an independent formula."""
+    p = params.double()
+    weights = torch.softmax(p[..., 0], dim=-1)
+    sigma = torch.exp(p[..., 2])
+    density = torch.exp(-0.5 * ((y.double()[:, None] - p[..., 1]) / sigma) ** 2) / (
+        sigma * math.sqrt(2 * math.pi)
+    )
+    return -torch.log((weights * density).sum(-1)).mean()
+
+
+@pytest.mark.parametrize("T", [1, 7, 131])
+def test_gmm_nll_matches_float64_reference(T):
+    params = torch.randn(T, 10, 3) * torch.tensor([2.0, 1.0, 0.3])
+    y = torch.randn(T)
+    ours = baseline.gmm_nll(params, y)
+    ref = gmm_nll_float64_reference(params, y)
+    assert ours.dtype == torch.float32
+    assert abs(ours.item() - ref.item()) <= 1e-5 * max(1.0, abs(ref.item()))
+    assert torch.equal(baseline.gmm_nll(params, y[:, None]), ours)  # (T, 1) targets too
+
+
+def test_gmm_nll_stays_finite_far_from_every_component():
+    params = torch.zeros(4, 10, 3)
+    params[..., 2] = -20.0  # sigma = 2e-9
+    y = torch.full((4,), 1e3)
+    loss = baseline.gmm_nll(params, y)
+    assert torch.isfinite(loss) and loss > 1e20  # far out in the tail, but a number
+
+
+@pytest.mark.parametrize("backend", ["math", "flash"])
+@pytest.mark.parametrize(("Lq", "Lk"), [(1, 1), (17, 5), (100, 64)])
+def test_rectangular_sdpa_matches_explicit_softmax(backend, Lq, Lk):
+    B, H, D = 2, 3, 16
+    q, k, v = torch.randn(B, H, Lq, D), torch.randn(B, H, Lk, D), torch.randn(B, H, Lk, D)
+    out = baseline.sdpa_attention(backend)(q, k, v)
+    weights = torch.softmax(q.double() @ k.double().transpose(-1, -2) / math.sqrt(D), dim=-1)
+    ref = weights @ v.double()
+    assert out.shape == (B, H, Lq, D)
+    assert torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref) < 1e-5
+
+
+def test_unknown_backend_is_rejected():
+    with pytest.raises(ValueError, match="sdpa backend"):
+        baseline.sdpa_attention("fastest")
+
+
+def make_tasks(B=2, M=9, N=5, seed=0):
+    return baseline.sample_tasks(B, M, N, generator=torch.Generator().manual_seed(seed))
+
+
+def test_model_shapes_and_gradients():
+    torch.manual_seed(0)
+    model = baseline.TransformerNP(TINY)
+    xc, yc, xt, yt = make_tasks()
+    params = model(xc, yc, xt)
+    assert params.shape == (2 * 5, TINY.n_components, 3)
+    loss = model.loss(xc, yc, xt, yt)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"{name} gets no gradient"
+
+
+def test_targets_only_see_the_context():
+    """Rectangular attention: changing one target's x moves only that target's prediction."""
+    torch.manual_seed(0)
+    model = baseline.TransformerNP(TINY).double()
+    xc, yc, xt, _ = (t.double() for t in make_tasks(B=1))
+    before = model(xc, yc, xt)
+    xt2 = xt.clone()
+    xt2[0, 3] += 0.5
+    after = model(xc, yc, xt2)
+    changed = (after - before).abs().amax(dim=(1, 2)) > 1e-12
+    assert changed.tolist() == [False, False, False, True, False]
+
+
+def test_data_is_reproducible_and_shaped():
+    a, b = make_tasks(seed=3), make_tasks(seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert a.xc.shape == (2, 9, 1) and a.yt.shape == (2, 5, 1)
+    assert a.yc.std() > 0.1  # real functions, not zeros
+
+
+def test_loss_decreases_when_training():
+    from tritonlab.models import TNPShape
+
+    curve = list(
+        baseline.train_loss_curve(
+            TINY, baseline.Components(), TNPShape("t", 24, 12, 8), "fp32", steps=60, log_every=10, lr=3e-3
+        )
+    )
+    first, last = curve[0][1], curve[-1][1]
+    assert last < first - 0.2, curve

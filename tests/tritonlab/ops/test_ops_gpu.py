@@ -1,0 +1,278 @@
+"""tritonlab.ops on the GPU: bf16 and float32 against float64 references.
+
+Tolerances: bf16 keeps 8 significant bits, so each stored output or gradient element carries up to
+2**-9 = 2e-3 relative rounding error; norm-wise the error stays below that, and 5e-3 leaves room for
+the GPU's approximate exp/erf/rsqrt. The cross-entropy loss is fp32 computed from the same bf16
+logits as the reference, so it is held to 1e-4.
+
+float32 (the benchmark's sizes, or a slice where the float64 copies would be large): every op keeps
+float32 inside, so norm-wise errors stay within a few units of 2**-24 times the square root of the
+reduction length; 1e-5 holds for rows and element-wise ops, 5e-5 for the cross-entropy's 128 256-long
+sums of the GPU's approximate exp. None of these kernels has a ``tl.dot``, so PyTorch's float32
+matmul precision must change nothing.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritonlab.ops import cross_entropy, gelu, quantize_fp8, rms_norm, rope, rope_cache, swiglu
+from tritonlab.testing import rel_err
+
+pytestmark = pytest.mark.gpu
+BF16_TOL = 5e-3
+
+
+def bf16_leaf(*shape, scale=1.0):
+    return (scale * torch.randn(*shape, device="cuda")).to(torch.bfloat16).requires_grad_()
+
+
+def cpu64(t):
+    return t.detach().cpu().double().requires_grad_()
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 4097), (4096, 1024), (3, 65536)])
+def test_rms_norm_bf16(shape):
+    x, w = bf16_leaf(*shape), bf16_leaf(shape[-1])
+    y = rms_norm(x, w)
+    dy = torch.randn(shape, device="cuda").bfloat16()
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    xr, wr = cpu64(x), cpu64(w)
+    yr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6) * wr
+    dxr, dwr = torch.autograd.grad(yr, (xr, wr), dy.cpu().double())
+    # dx's terms cancel exactly at width 1: measure its error against their size there.
+    dx_terms = (
+        (dy.cpu().double() * wr.detach() / xr.detach().pow(2).mean(-1, keepdim=True).sqrt()).norm().item()
+    )
+    assert rel_err(y, yr) < BF16_TOL and rel_err(dw, dwr) < BF16_TOL
+    assert rel_err(dx, dxr, scale=dx_terms) < BF16_TOL
+
+
+@pytest.mark.parametrize("shape", [(7, 123), (64, 8192)])
+def test_gelu_swiglu_bf16(shape):
+    for approximate in ("none", "tanh"):
+        x = bf16_leaf(*shape, scale=3.0)
+        y = gelu(x, approximate)
+        y.sum().backward()
+        xr = cpu64(x)
+        yr = F.gelu(xr, approximate=approximate)
+        yr.sum().backward()
+        assert rel_err(y, yr) < BF16_TOL and rel_err(x.grad, xr.grad) < BF16_TOL
+    gate, up = bf16_leaf(*shape, scale=3.0), bf16_leaf(*shape)
+    y = swiglu(gate, up)
+    dy = torch.randn(shape, device="cuda").bfloat16()
+    dg, du = torch.autograd.grad(y, (gate, up), dy)
+    gr, ur = cpu64(gate), cpu64(up)
+    yr = F.silu(gr) * ur
+    dgr, dur = torch.autograd.grad(yr, (gr, ur), dy.cpu().double())
+    for got, ref in ((y, yr), (dg, dgr), (du, dur)):
+        assert rel_err(got, ref) < BF16_TOL
+
+
+def test_rope_bf16_fused_qkv_views():
+    batch, seq, heads, d = 2, 300, 32, 128
+    qkv = bf16_leaf(batch, seq, 3, heads, d)
+    q, k = qkv[:, :, 0], qkv[:, :, 1, :8]  # strided q; k with 8 heads (grouped-query attention)
+    cos, sin = rope_cache(seq, d)
+    qo, ko = rope(q, k, cos, sin)
+    dq_out, dk_out = torch.randn_like(qo), torch.randn_like(ko)
+    torch.autograd.backward((qo, ko), (dq_out, dk_out))
+    ref = cpu64(qkv)
+    c, s = cos.cpu().double()[None, :, None, :], sin.cpu().double()[None, :, None, :]
+
+    def rot(x):
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+    qr, kr = rot(ref[:, :, 0]), rot(ref[:, :, 1, :8])
+    torch.autograd.backward((qr, kr), (dq_out.cpu().double(), dk_out.cpu().double()))
+    assert rel_err(qo, qr) < BF16_TOL and rel_err(ko, kr) < BF16_TOL
+    assert rel_err(qkv.grad, ref.grad) < BF16_TOL
+
+
+@pytest.mark.parametrize("vocab", [5, 123, 40961, 128256])
+def test_cross_entropy_bf16(vocab):
+    rows = 64
+    logits = bf16_leaf(rows, vocab, scale=4.0)
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    target[::7] = -100
+    loss = cross_entropy(logits, target)
+    (2.5 * loss).backward()  # an upstream gradient other than 1
+    ref = cpu64(logits)
+    loss_ref = F.cross_entropy(ref, target.cpu())
+    (2.5 * loss_ref).backward()
+    assert rel_err(loss, loss_ref) < 1e-4
+    assert rel_err(logits.grad, ref.grad) < BF16_TOL
+
+
+def test_cross_entropy_offsets_past_2_pow_31():
+    rows, vocab = 16800, 128256  # 2.15e9 logits: row * vocab overflows int32 in the last rows
+    assert rows * vocab > 2**31
+    logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    loss = cross_entropy(logits, target, reduction="none")
+    (grad,) = torch.autograd.grad(loss.sum(), logits)
+    tail = logits.detach()[-4:].double()
+    lse = torch.logsumexp(tail, -1)
+    loss_ref = lse - tail.gather(1, target[-4:, None])[:, 0]
+    grad_ref = torch.softmax(tail, -1)
+    grad_ref[torch.arange(4), target[-4:]] -= 1
+    assert rel_err(loss[-4:], loss_ref) < 1e-4
+    assert rel_err(grad[-4:], grad_ref) < BF16_TOL
+
+
+@pytest.mark.parametrize("granularity", ["row", "block"])
+@pytest.mark.parametrize("shape", [(5, 4097), (64, 8192)])
+def test_quantize_fp8_bf16_rounds_to_nearest(granularity, shape):
+    x = (5 * torch.randn(shape, device="cuda")).bfloat16()
+    q, scales = quantize_fp8(x, granularity)
+    width = shape[1] if granularity == "row" else 128
+    per_element = scales.repeat_interleave(width, -1)[:, : shape[1]]
+    quotient = (x.float() * (1 / per_element)).clamp(-448, 448)
+    same_bits = (
+        (q.view(torch.uint8) == quotient.to(torch.float8_e4m3fn).view(torch.uint8)).float().mean().item()
+    )
+    exponent = torch.floor(torch.log2(quotient.double().abs().clamp_min(2.0**-6)))
+    half_ulp = torch.exp2(exponent - 4)
+    # Half an ulp, plus the 1e-7 relative difference between the GPU's 1/scale and PyTorch's.
+    assert torch.all((q.double() - quotient.double()).abs() <= half_ulp + 1e-6 * quotient.double().abs())
+    assert same_bits > 0.999
+
+
+def test_cross_entropy_out_of_range_target_raises_on_gpu():
+    # The count reaches the host through page-locked memory behind the stats kernel (no full sync).
+    logits = bf16_leaf(5, 300)
+    with pytest.raises(ValueError, match="target: value 300"):
+        cross_entropy(logits, torch.tensor([1, 2, 300, 4, -100], device="cuda"))
+    loss = cross_entropy(logits, torch.tensor([1, 2, 3, 4, -100], device="cuda"))  # and it goes on
+    assert torch.isfinite(loss)
+
+
+# ------------------------------------------------------------------------------------------- float32
+FP32_TOL = 1e-5
+CE_FP32_TOL = 5e-5
+
+
+def fp32_leaf(*shape, scale=1.0):
+    return (scale * torch.randn(*shape, device="cuda")).requires_grad_()
+
+
+def gpu64(t):
+    return t.detach().double().requires_grad_()
+
+
+def _rms_norm_fp32(shape):
+    x, w = fp32_leaf(*shape), (1 + 0.1 * torch.randn(shape[-1], device="cuda")).requires_grad_()
+    dy = torch.randn(shape, device="cuda")
+    dx, dw = torch.autograd.grad(rms_norm(x, w), (x, w), dy)
+    xr, wr = gpu64(x), gpu64(w)
+    yr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6) * wr
+    dxr, dwr = torch.autograd.grad(yr, (xr, wr), dy.double())
+    return {"y": (rms_norm(x, w), yr), "dx": (dx, dxr), "dw": (dw, dwr)}
+
+
+@pytest.mark.parametrize("shape", [(16384, 4096), (4096, 1024), (3, 65536), (32768, 8192)])
+def test_rms_norm_fp32_matches_float64(shape):
+    for name, (got, ref) in _rms_norm_fp32(shape).items():
+        assert got.dtype == torch.float32, name
+        assert rel_err(got, ref) < FP32_TOL, name
+
+
+@pytest.mark.parametrize("shape", [(8192, 4096), (4096, 1024)])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_fp32_matches_float64(shape, approximate):
+    x = fp32_leaf(*shape, scale=3.0)
+    dy = torch.randn(shape, device="cuda")
+    y = gelu(x, approximate)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    xr = gpu64(x)
+    yr = F.gelu(xr, approximate=approximate)
+    (dxr,) = torch.autograd.grad(yr, xr, dy.double())
+    # the left tail: 1 + erf(z) is off by fp32's absolute error there, measured against 1% of ||x||
+    assert rel_err(y, yr, scale=0.01 * x.norm().item()) < FP32_TOL
+    assert rel_err(dx, dxr, scale=0.01 * dy.norm().item()) < FP32_TOL
+
+
+@pytest.mark.parametrize("shape", [(8192, 4096), (4096, 1024)])
+def test_swiglu_fp32_matches_float64(shape):
+    gate, up = fp32_leaf(*shape, scale=3.0), fp32_leaf(*shape)
+    dy = torch.randn(shape, device="cuda")
+    y = swiglu(gate, up)
+    dg, du = torch.autograd.grad(y, (gate, up), dy)
+    gr, ur = gpu64(gate), gpu64(up)
+    yr = F.silu(gr) * ur
+    dgr, dur = torch.autograd.grad(yr, (gr, ur), dy.double())
+    for got, ref in ((y, yr), (dg, dgr), (du, dur)):
+        assert got.dtype == torch.float32 and rel_err(got, ref) < FP32_TOL
+
+
+@pytest.mark.parametrize("tokens,heads", [(8192, 32), (4096, 8)])
+def test_rope_fp32_matches_float64(tokens, heads):
+    d, seq = 128, min(tokens, 4096)
+    batch = tokens // seq
+    q, k = fp32_leaf(batch, seq, heads, d), fp32_leaf(batch, seq, max(1, heads // 4), d)
+    cos, sin = rope_cache(seq, d)
+    qo, ko = rope(q, k, cos, sin)
+    dq_out, dk_out = torch.randn_like(qo), torch.randn_like(ko)
+    dq, dk = torch.autograd.grad((qo, ko), (q, k), (dq_out, dk_out))
+    c, s = cos.double()[None, :, None, :], sin.double()[None, :, None, :]
+
+    def rot(x):
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+    qr, kr = gpu64(q), gpu64(k)
+    qor, kor = rot(qr), rot(kr)
+    dqr, dkr = torch.autograd.grad((qor, kor), (qr, kr), (dq_out.double(), dk_out.double()))
+    for got, ref in ((qo, qor), (ko, kor), (dq, dqr), (dk, dkr)):
+        assert got.dtype == torch.float32 and rel_err(got, ref) < FP32_TOL
+
+
+@pytest.mark.parametrize("rows,vocab", [(4096, 32000), (1024, 128256), (16384, 32000)])
+def test_cross_entropy_fp32_matches_float64(rows, vocab):
+    logits = fp32_leaf(rows, vocab, scale=4.0)
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    target[::97] = -100
+    loss = cross_entropy(logits, target)
+    (grad,) = torch.autograd.grad(2.5 * loss, logits)
+    lr = gpu64(logits)
+    loss_ref = F.cross_entropy(lr, target)
+    (gref,) = torch.autograd.grad(2.5 * loss_ref, lr)
+    assert loss.dtype == torch.float32 and grad.dtype == torch.float32
+    assert rel_err(loss, loss_ref) < CE_FP32_TOL and rel_err(grad, gref) < CE_FP32_TOL
+
+
+@pytest.mark.parametrize("granularity", ["row", "block"])
+@pytest.mark.parametrize("shape", [(8192, 4096), (4096, 1024)])
+def test_quantize_fp8_from_fp32_is_torchs_rounding(granularity, shape):
+    x = 5 * torch.randn(shape, device="cuda")
+    q, scales = quantize_fp8(x, granularity)
+    width = shape[1] if granularity == "row" else 128
+    groups = x.view(shape[0], -1, width).double()
+    expected = groups.abs().amax(-1) / 448
+    assert rel_err(scales, expected.view(scales.shape)) < 2e-7
+    quotient = (x * (1 / scales).repeat_interleave(width, -1)).clamp(-448, 448)
+    same = (q.view(torch.uint8) == quotient.to(torch.float8_e4m3fn).view(torch.uint8)).float().mean().item()
+    assert same > 0.999  # the GPU's 1/scale may differ from PyTorch's in the last bit
+
+
+def test_tf32_allowed_by_torch_changes_nothing_here():
+    """torch.set_float32_matmul_precision("high") is honoured: these kernels have no dots, so the
+    float32 results are the same bits under either setting, and nothing fails."""
+    previous = torch.get_float32_matmul_precision()
+    torch.manual_seed(0)
+    highest = {k: g.detach().clone() for k, (g, _) in _rms_norm_fp32((1024, 4096)).items()}
+    logits = torch.randn(256, 32000, device="cuda")
+    target = torch.randint(0, 32000, (256,), device="cuda")
+    ce_highest = cross_entropy(logits, target)
+    try:
+        torch.set_float32_matmul_precision("high")
+        torch.manual_seed(0)
+        high = _rms_norm_fp32((1024, 4096))
+        ce_high = cross_entropy(logits, target)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    for name, (got, ref) in high.items():
+        assert torch.equal(got, highest[name]), name
+        assert rel_err(got, ref) < FP32_TOL, name
+    assert torch.equal(ce_high, ce_highest)

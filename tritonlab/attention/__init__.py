@@ -1,0 +1,53 @@
+"""Attention in Triton: rectangular multi-head attention for the TransformerNP, and FlashAttention-2.
+
+    o, lse = attention_forward(q, k, v)          # q (B, H, Lq, D) over k, v (B, H, Lk, D), no mask
+    o = attention(q, k, v)                       # differentiable; deterministic two-pass backward
+    o = fused_attention(q, k, v)                 # differentiable; one-launch fused backward
+    o = FlashAttentionTriton.apply(q, k, v, is_causal)    # q (B, Nq, D); causal or not
+    o = FlashAttentionPyTorch.apply(q, k, v, is_causal)   # the same algorithm in plain PyTorch
+
+All compute softmax(scale · q kᵀ) v with an online softmax that never stores the score matrix, and
+a backward that recomputes it from the saved logsumexp: dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − Δ) with
+Δ = rowsum(dO ∘ O), dK = scale · dSᵀ Q, dQ = scale · dS K. bf16, fp16 and fp32 (fp32 dots are IEEE
+float32 unless ``torch.set_float32_matmul_precision("high")`` allows TF32), D in 16, 32, 64, 128,
+any lengths >= 1, any strides. Bad input raises a ``ValueError`` naming the argument. The public
+functions take ``record=tritonlab.tuning.ConfigRecord()`` to learn the configs their launches used.
+
+Modules: ``forward.py`` (the rectangular forward), ``backward.py`` (its two-pass backward and the
+autograd function), ``fused.py`` (the fused backward), ``flash2.py`` (FlashAttention-2's kernels),
+``flash_pytorch.py``, ``reference.py`` (float64 and naive references, FLOP counts), ``_common.py``
+(what both families share: input checks, the online-softmax tile update, the backward's
+preprocess Δ, tuning keys and the shared-memory fit of every config space).
+
+Why two kernel families remain: the rectangular kernels (``forward.py``, ``backward.py``,
+``fused.py``) take the model's 4-D (B, H, L, D) strided views with no mask and are autotuned and
+launched directly from a per-signature cache; FlashAttention-2's (``flash2.py``) take 3-D inputs
+with a causal mask, skip the tiles above the diagonal, split the rest into unmasked and masked
+ranges per tile and run causal programs heaviest first, with a measured tile table. Their hot
+loops differ in exactly those masks and bounds; merging them would add branches or arguments to
+both loops, which nothing here measured as free, so the two families share the tile update, the
+preprocess, the checks and the config pruning, and keep their own loops.
+"""
+
+from ._common import HEAD_DIMS
+from .backward import attention
+from .flash2 import FlashAttentionTriton, TileConfig
+from .flash_pytorch import FlashAttentionPyTorch
+from .forward import IMPLS, attention_forward
+from .fused import fused_attention
+from .reference import attention_flops, causal_mask, naive_attention, reference_attention
+
+__all__ = [
+    "HEAD_DIMS",
+    "IMPLS",
+    "FlashAttentionPyTorch",
+    "FlashAttentionTriton",
+    "TileConfig",
+    "attention",
+    "attention_flops",
+    "attention_forward",
+    "causal_mask",
+    "fused_attention",
+    "naive_attention",
+    "reference_attention",
+]

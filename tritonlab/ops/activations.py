@@ -1,0 +1,170 @@
+"""GELU (exact or tanh) and SwiGLU, ``silu(gate) * up``: element-wise, so they are only as fast as memory.
+
+Each program takes a contiguous 4096-element slice (16 elements, two 16-byte vectors of bf16, per
+thread), computes in fp32 and writes in the input's dtype. The backward kernels recompute the
+activation from the saved inputs instead of saving it: one tensor less to store and to read back.
+Offsets are int64, so tensors of more than 2**31 elements work.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..checks import check_same, check_tensor
+
+BLOCK = 4096
+NUM_WARPS = 8
+# Globals read inside @triton.jit must be constexpr.
+SQRT_HALF = tl.constexpr(1.0 / math.sqrt(2.0))
+INV_SQRT_2PI = tl.constexpr(1.0 / math.sqrt(2.0 * math.pi))
+SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))
+TANH_COEF = tl.constexpr(0.044715)
+
+
+@triton.jit
+def _gelu_and_slope(x, APPROX_TANH: tl.constexpr):
+    """GELU(x) and its derivative, in fp32."""
+    if APPROX_TANH:
+        # 0.5 * (1 + tanh(u)) = sigmoid(2u): no cancellation where tanh(u) is near -1, and no libdevice
+        # call, so the interpreter runs it too. 1 - tanh(u)**2 = 4 * s * (1 - s).
+        u = SQRT_2_OVER_PI * (x + TANH_COEF * x * x * x)
+        s = tl.sigmoid(2.0 * u)
+        y = x * s
+        slope = s + 2.0 * x * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 3.0 * TANH_COEF * x * x)
+    else:
+        cdf = 0.5 * (1.0 + tl.erf(x * SQRT_HALF))
+        y = x * cdf
+        slope = cdf + x * INV_SQRT_2PI * tl.exp(-0.5 * x * x)
+    return y, slope
+
+
+@triton.jit
+def _gelu_fwd_kernel(X, Y, n, APPROX_TANH: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    y, _ = _gelu_and_slope(x, APPROX_TANH)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gelu_bwd_kernel(DY, X, DX, n, APPROX_TANH: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+    _, slope = _gelu_and_slope(x, APPROX_TANH)
+    tl.store(DX + offs, (dy * slope).to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_fwd_kernel(GATE, UP, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(GATE + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + offs, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(DY, GATE, UP, DGATE, DUP, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + offs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(g)
+    silu = g * s
+    # d silu / dg = s + g*s*(1-s) = s * (1 + g*(1-s))
+    tl.store(DGATE + offs, (dy * u * s * (1.0 + g * (1.0 - s))).to(DGATE.dtype.element_ty), mask=mask)
+    tl.store(DUP + offs, (dy * silu).to(DUP.dtype.element_ty), mask=mask)
+
+
+def _grid(n: int) -> tuple[int]:
+    return (triton.cdiv(n, BLOCK),)
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """The flat kernels index memory linearly: anything but a contiguous tensor is copied first."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
+class GELUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, approx_tanh):
+        x = _dense(x)
+        y = torch.empty_like(x)
+        _gelu_fwd_kernel[_grid(x.numel())](
+            x, y, x.numel(), APPROX_TANH=approx_tanh, BLOCK=BLOCK, num_warps=NUM_WARPS
+        )
+        ctx.save_for_backward(x)
+        ctx.approx_tanh = approx_tanh
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dy = _dense(dy)
+        dx = torch.empty_like(x)
+        _gelu_bwd_kernel[_grid(x.numel())](
+            dy, x, dx, x.numel(), APPROX_TANH=ctx.approx_tanh, BLOCK=BLOCK, num_warps=NUM_WARPS
+        )
+        return dx, None
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU like ``torch.nn.functional.gelu``: ``approximate`` is "none" (erf) or "tanh"."""
+    check_tensor("x", x)
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
+    return GELUFunction.apply(x, approximate == "tanh")
+
+
+class SwiGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):
+        gate, up = _dense(gate), _dense(up)
+        y = torch.empty_like(gate)
+        _swiglu_fwd_kernel[_grid(gate.numel())](gate, up, y, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS)
+        ctx.save_for_backward(gate, up)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        dy = _dense(dy)
+        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+        _swiglu_bwd_kernel[_grid(gate.numel())](
+            dy, gate, up, dgate, dup, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS
+        )
+        return dgate, dup
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``; the backward recomputes ``silu(gate)`` from the saved inputs."""
+    check_tensor("gate", gate)
+    check_tensor("up", up)
+    check_same("up", up, "gate", gate)
+    return SwiGLUFunction.apply(gate, up)
+
+
+class GELU(torch.nn.Module):
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu(x, self.approximate)
+
+
+class SwiGLU(torch.nn.Module):
+    """Takes the concatenated ``[gate, up]`` projection (last dimension 2F) and returns F features."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return swiglu(gate, up)
+
+
+__all__ = ["GELU", "SwiGLU", "gelu", "swiglu"]
