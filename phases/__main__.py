@@ -7,6 +7,7 @@ CPU. It is also the one place that imports a phase by name.
 
 import argparse
 import importlib
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -62,7 +63,12 @@ def run_phase(name: str, argv: list[str]) -> None:
 
 
 def report(names: list[str]) -> None:
+    """Re-render reports from CSVs: the committed ``reports/data`` on any machine (rendering reads
+    rows, it runs no kernel), or the directory ``TRITONLAB_DATA_DIR`` names (a CPU run's ``out/cpu``)."""
+    from common.provenance import REPO_ROOT
     from common.report import render_all, render_phase, reports_dir, write_index
+
+    os.environ.setdefault("TRITONLAB_DATA_DIR", str(REPO_ROOT / "reports" / "data"))
 
     every = [
         phase_module(n, "report").REPORT for n in phase_names() if (PHASES_DIR / n / "report.py").exists()
