@@ -146,11 +146,12 @@ class Figures:
     ) -> str:
         """One line per value of ``series``; returns ``![title](figures/...)``. The title gets the GPU
         appended (name dtype and shape in ``title``); a linear y-axis starts at zero."""
-        title = f"{title} — {self.gpu}" if self.gpu else title
         fig, ax = plt.subplots(figsize=(7, 4.2))
+        ax.set_title(f"{title}\n{self.gpu}" if self.gpu else title, fontsize=10)  # a long title stays whole
+        title = f"{title} — {self.gpu}" if self.gpu else title
         for label, part in df.sort_values(x).groupby(series):
             ax.plot(part[x], part[y], marker="o", label=str(label))
-        ax.set(title=title, xlabel=xlabel or x, ylabel=ylabel or y)
+        ax.set(xlabel=xlabel or x, ylabel=ylabel or y)
         if logx:
             ax.set_xscale("log")
         if logy:
