@@ -94,36 +94,12 @@ def preactivation(
 
 @triton.jit
 def fused_mlp_fwd_kernel(
-    x_ptr,
-    w1_ptr,
-    w2_ptr,
-    y_ptr,
-    a_ptr,
-    T,
-    D_FF,
-    N_OUT,
-    stride_xt,
-    stride_xk,
-    stride_w1g,
-    stride_w1f,
-    stride_w1k,
-    stride_w2g,
-    stride_w2n,
-    stride_w2f,
-    stride_yt,
-    stride_yg,
-    stride_yn,
-    stride_at,
-    stride_ag,
-    stride_af,
-    D_IN: tl.constexpr,
-    SAVE_PREACT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    x_ptr, w1_ptr, w2_ptr, y_ptr, a_ptr, T, D_FF, N_OUT,
+    stride_xt, stride_xk, stride_w1g, stride_w1f, stride_w1k, stride_w2g, stride_w2n, stride_w2f,
+    stride_yt, stride_yg, stride_yn, stride_at, stride_ag, stride_af,
+    D_IN: tl.constexpr, SAVE_PREACT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
     """y[rows, group, cols] = silu(x W1_gᵀ) W2_gᵀ with the hidden layer in registers; grid
     (row blocks, output blocks, groups). SAVE_PREACT also writes a (from the first output block)."""
     pid_m, pid_n, group = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -135,23 +111,8 @@ def fused_mlp_fwd_kernel(
     acc_y = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for f0 in range(0, D_FF, BLOCK_F):
         offs_f = f0 + tl.arange(0, BLOCK_F)
-        a = preactivation(
-            x_ptr,
-            w1_ptr,
-            offs_m,
-            offs_f,
-            T,
-            D_FF,
-            stride_xt,
-            stride_xk,
-            stride_w1f,
-            stride_w1k,
-            D_IN,
-            BLOCK_M,
-            BLOCK_F,
-            BLOCK_K,
-            DOT_PRECISION,
-        ).to(dtype)
+        a = preactivation(x_ptr, w1_ptr, offs_m, offs_f, T, D_FF, stride_xt, stride_xk, stride_w1f, stride_w1k,
+                          D_IN, BLOCK_M, BLOCK_F, BLOCK_K, DOT_PRECISION).to(dtype)  # fmt: skip
         # Rounded to the input dtype as eager's GEMM output is, so a saved `a` and this h agree.
         if SAVE_PREACT and pid_n == 0:
             tl.store(
@@ -175,46 +136,13 @@ def fused_mlp_fwd_kernel(
 
 @triton.jit
 def mlp_hidden_kernel(
-    x_ptr,
-    w1_ptr,
-    w2_ptr,
-    a_ptr,
-    dy_ptr,
-    da_ptr,
-    h_ptr,
-    dw2_partial_ptr,
-    T,
-    D_FF,
-    N_OUT,
-    stride_xt,
-    stride_xk,
-    stride_w1g,
-    stride_w1f,
-    stride_w1k,
-    stride_w2g,
-    stride_w2n,
-    stride_w2f,
-    stride_at,
-    stride_ag,
-    stride_af,
-    stride_dyt,
-    stride_dyg,
-    stride_dyn,
-    stride_pm,
-    stride_pg,
-    stride_pn,
-    D_IN: tl.constexpr,
-    RECOMPUTE_A: tl.constexpr,
-    WRITE_A: tl.constexpr,
-    HAS_DY: tl.constexpr,
-    WRITE_H: tl.constexpr,
-    DW2_PARTIALS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    x_ptr, w1_ptr, w2_ptr, a_ptr, dy_ptr, da_ptr, h_ptr, dw2_partial_ptr, T, D_FF, N_OUT,
+    stride_xt, stride_xk, stride_w1g, stride_w1f, stride_w1k, stride_w2g, stride_w2n, stride_w2f,
+    stride_at, stride_ag, stride_af, stride_dyt, stride_dyg, stride_dyn, stride_pm, stride_pg, stride_pn,
+    D_IN: tl.constexpr, RECOMPUTE_A: tl.constexpr, WRITE_A: tl.constexpr, HAS_DY: tl.constexpr,
+    WRITE_H: tl.constexpr, DW2_PARTIALS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
     """One (BLOCK_M, BLOCK_F) tile of the hidden layer of group program_id(2).
 
     a comes from `a_ptr` or is recomputed from x and W1 (RECOMPUTE_A); with HAS_DY the tile's
@@ -231,23 +159,8 @@ def mlp_hidden_kernel(
     hidden_offsets = group * stride_ag + offs_m[:, None] * stride_at + offs_f[None, :] * stride_af
     dtype = (da_ptr if HAS_DY else h_ptr).dtype.element_ty
     if RECOMPUTE_A:
-        a = preactivation(
-            x_ptr,
-            w1_ptr + group * stride_w1g,
-            offs_m,
-            offs_f,
-            T,
-            D_FF,
-            stride_xt,
-            stride_xk,
-            stride_w1f,
-            stride_w1k,
-            D_IN,
-            BLOCK_M,
-            BLOCK_F,
-            BLOCK_K,
-            DOT_PRECISION,
-        ).to(dtype)
+        a = preactivation(x_ptr, w1_ptr + group * stride_w1g, offs_m, offs_f, T, D_FF, stride_xt, stride_xk,
+                          stride_w1f, stride_w1k, D_IN, BLOCK_M, BLOCK_F, BLOCK_K, DOT_PRECISION).to(dtype)  # fmt: skip
         if WRITE_A:
             tl.store(a_ptr + hidden_offsets, a, mask=mask_mf)
     else:
@@ -337,6 +250,41 @@ def shared_memory_pruner(estimate, tensor_arg: str, fallback=()):
         return fitting_configs(configs, t.element_size(), estimate, fallback, index)
 
     return prune
+
+
+# The autotuning keys: every argument that changes the best tiles or the compiled code.
+FORWARD_KEY = ["T", "D_FF", "N_OUT", "D_IN", "SAVE_PREACT", "DOT_PRECISION"]
+HIDDEN_KEY = [
+    "T",
+    "D_FF",
+    "N_OUT",
+    "D_IN",
+    "RECOMPUTE_A",
+    "WRITE_A",
+    "HAS_DY",
+    "WRITE_H",
+    "DW2_PARTIALS",
+    "DOT_PRECISION",
+]
+
+
+def autotuned_forward(tiles):
+    """``fused_mlp_fwd_kernel`` behind an autotuner of its own over ``tiles`` (``tile_configs``'
+    tuples), pruned by shared memory."""
+    return triton.autotune(
+        tile_configs(tiles),
+        key=FORWARD_KEY,
+        prune_configs_by={"early_config_prune": shared_memory_pruner(register_forward_smem, "x_ptr")},
+    )(fused_mlp_fwd_kernel)
+
+
+def autotuned_hidden(tiles):
+    """``mlp_hidden_kernel`` behind an autotuner of its own over ``tiles``, pruned by shared memory."""
+    return triton.autotune(
+        tile_configs(tiles),
+        key=HIDDEN_KEY,
+        prune_configs_by={"early_config_prune": shared_memory_pruner(hidden_kernel_smem, "x_ptr")},
+    )(mlp_hidden_kernel)
 
 
 # --- host helpers ---------------------------------------------------------------------------------

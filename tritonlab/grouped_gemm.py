@@ -25,18 +25,15 @@ import torch
 import triton
 from torch import Tensor, nn
 
+# Mostly the names mlp.py imports too: both are clients of the shared kernels and helpers in _gemm.
 from ._gemm import (
     aligned_empty,
+    autotuned_forward,
+    autotuned_hidden,
     check_mlp_tensors,
     check_model_dim,
     check_weights_dtype,
-    fused_mlp_fwd_kernel,
-    hidden_kernel_smem,
-    mlp_hidden_kernel,
     pad_hidden,
-    register_forward_smem,
-    shared_memory_pruner,
-    tile_configs,
 )
 from ._runtime import INTERPRET
 from .tuning import ConfigRecord, dot_precision
@@ -61,27 +58,8 @@ _BWD_TILES = [
 _CPU_FWD_TILES = [(64, _N_OUT_PAD, 256, 256, 4, 1)]
 _CPU_BWD_TILES = [(_BWD_BLOCK_M, _N_OUT_PAD, 256, 256, 4, 1)]
 
-_heads_fwd = triton.autotune(
-    tile_configs(_CPU_FWD_TILES if INTERPRET else _FWD_TILES),
-    key=["T", "D_FF", "N_OUT", "D_IN", "SAVE_PREACT", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": shared_memory_pruner(register_forward_smem, "x_ptr")},
-)(fused_mlp_fwd_kernel)
-_heads_hidden_bwd = triton.autotune(
-    tile_configs(_CPU_BWD_TILES if INTERPRET else _BWD_TILES),
-    key=[
-        "T",
-        "D_FF",
-        "N_OUT",
-        "D_IN",
-        "RECOMPUTE_A",
-        "WRITE_A",
-        "HAS_DY",
-        "WRITE_H",
-        "DW2_PARTIALS",
-        "DOT_PRECISION",
-    ],
-    prune_configs_by={"early_config_prune": shared_memory_pruner(hidden_kernel_smem, "x_ptr")},
-)(mlp_hidden_kernel)
+_heads_fwd = autotuned_forward(_CPU_FWD_TILES if INTERPRET else _FWD_TILES)
+_heads_hidden_bwd = autotuned_hidden(_CPU_BWD_TILES if INTERPRET else _BWD_TILES)
 
 
 class _GroupedHeads(torch.autograd.Function):

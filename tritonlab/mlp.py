@@ -37,18 +37,16 @@ from torch import Tensor, nn
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm import (
+    FORWARD_KEY,
     aligned_empty,
+    autotuned_forward,
+    autotuned_hidden,
     check_mlp_tensors,
     check_model_dim,
     check_weights_dtype,
-    fused_mlp_fwd_kernel,
-    hidden_kernel_smem,
-    mlp_hidden_kernel,
     pad_hidden,
-    register_forward_smem,
     shared_memory_pruner,
     silu_and_grad,
-    tile_configs,
 )
 from ._launch import tma_ok
 from ._runtime import INTERPRET, sm_count
@@ -222,33 +220,13 @@ def _staged_smem(config: triton.Config, element_size: int) -> int:
 _STAGED_FALLBACK = [] if INTERPRET else _staged_configs(_STAGED_FALLBACK_TILES)
 _STAGED_CONFIGS = _staged_configs(_STAGED_CPU_TILES if INTERPRET else _STAGED_TILES) + _STAGED_FALLBACK
 
-_KEY = ["T", "D_FF", "N_OUT", "D_IN", "SAVE_PREACT", "DOT_PRECISION"]
 _fused_mlp_staged = triton.autotune(
     _STAGED_CONFIGS,
-    key=_KEY,
+    key=FORWARD_KEY,
     prune_configs_by={"early_config_prune": shared_memory_pruner(_staged_smem, "y_ptr", _STAGED_FALLBACK)},
 )(_fused_mlp_staged_kernel)
-_fused_mlp_registers = triton.autotune(
-    tile_configs(_CPU_TILES if INTERPRET else _REGISTER_TILES),
-    key=_KEY,
-    prune_configs_by={"early_config_prune": shared_memory_pruner(register_forward_smem, "x_ptr")},
-)(fused_mlp_fwd_kernel)
-_mlp_hidden = triton.autotune(
-    tile_configs(_CPU_TILES if INTERPRET else _HIDDEN_TILES),
-    key=[
-        "T",
-        "D_FF",
-        "N_OUT",
-        "D_IN",
-        "RECOMPUTE_A",
-        "WRITE_A",
-        "HAS_DY",
-        "WRITE_H",
-        "DW2_PARTIALS",
-        "DOT_PRECISION",
-    ],
-    prune_configs_by={"early_config_prune": shared_memory_pruner(hidden_kernel_smem, "x_ptr")},
-)(mlp_hidden_kernel)
+_fused_mlp_registers = autotuned_forward(_CPU_TILES if INTERPRET else _REGISTER_TILES)
+_mlp_hidden = autotuned_hidden(_CPU_TILES if INTERPRET else _HIDDEN_TILES)
 
 
 # --- launch wrappers ------------------------------------------------------------------------------

@@ -86,6 +86,15 @@ def _dq_tile(
 
 
 @triton.jit
+def _query_chunk(pid_c, q_chunk, Lq, BLOCK_M: tl.constexpr):
+    """Query rows [row_begin, row_end) of chunk ``pid_c``; the tiles from row_begin to full_end are whole."""
+    row_begin = pid_c * q_chunk
+    row_end = tl.minimum(row_begin + q_chunk, Lq)
+    full_end = row_begin + (row_end - row_begin) // BLOCK_M * BLOCK_M
+    return row_begin, row_end, full_end
+
+
+@triton.jit
 def _load_row_values(ptr, rows, Lq, padding: tl.constexpr, CHECK: tl.constexpr):
     """One value per query row (lse or Δ); with CHECK, rows past Lq read as ``padding``."""
     if CHECK:
@@ -177,9 +186,7 @@ def _dkdv_kernel(
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
 
-    row_begin = pid_c * q_chunk
-    row_end = tl.minimum(row_begin + q_chunk, Lq)
-    full_end = row_begin + (row_end - row_begin) // BLOCK_M * BLOCK_M
+    row_begin, row_end, full_end = _query_chunk(pid_c, q_chunk, Lq, BLOCK_M)
     for row in range(row_begin, full_end, BLOCK_M):  # full query tiles: no checks
         q = load_rows(q_base, stride_ql, stride_qd, row, Lq, BLOCK_M, HEAD_DIM, False)
         do = load_rows(do_base, stride_gl, stride_gd, row, Lq, BLOCK_M, HEAD_DIM, False)
@@ -240,6 +247,7 @@ def _dq_kernel(
 ):  # fmt: skip
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    # The dK/dV kernel's opening with the roles swapped: this program owns Q, dO rows, not K, V.
     row_start = pid_m * BLOCK_M
     q = load_rows(
         Q + b * stride_qb + h * stride_qh, stride_ql, stride_qd, row_start, Lq, BLOCK_M, HEAD_DIM, True
@@ -270,7 +278,7 @@ _DKDV_SPACE = [
     (128, 128, 8, 2),
     (32, 64, 4, 2),
 ]
-_DQ_SPACE = [
+_DQ_SPACE = [  # (rows alike by shape: a table, not code)
     (128, 64, 8, 3),
     (128, 64, 4, 3),
     (128, 32, 4, 3),
@@ -456,6 +464,7 @@ class _AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+# Public signature as fused_attention's (attention_forward's adds impl): only what runs differs.
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -75,7 +75,7 @@ _GPU_CONFIGS = {
     ("dq", True, False): TileConfig(64, 64, 4, 3),
     ("dkdv", True, True): TileConfig(32, 64, 4, 4),
     ("dkdv", True, False): TileConfig(128, 128, 8, 2),
-    # fp32 tiles take twice the shared memory: smaller tiles.
+    # fp32 tiles take twice the shared memory: smaller tiles. (Rows alike by shape: a table, not code.)
     ("fwd", False, True): TileConfig(64, 64, 4, 2),
     ("fwd", False, False): TileConfig(64, 32, 4, 2),
     ("dq", False, True): TileConfig(64, 64, 4, 2),
@@ -146,24 +146,23 @@ def _cols_ptr(base, n_rows, stride_row, stride_col, BLOCK: tl.constexpr, HEAD_DI
 
 
 @triton.jit
+def _key_range(start_m, n_keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(full_n, end_n) for the query tile at start_m: keys [0, end_n) matter; [0, full_n) are whole
+    tiles needing no mask (inside the keys and, if causal, below the diagonal)."""
+    if CAUSAL:
+        end_n = tl.minimum(n_keys, start_m + BLOCK_M)
+        full_n = tl.minimum(start_m, n_keys) // BLOCK_N * BLOCK_N
+    else:
+        end_n = n_keys
+        full_n = n_keys // BLOCK_N * BLOCK_N
+    return full_n, end_n
+
+
+@triton.jit
 def _fwd_key_loop(
-    acc,
-    m_i,
-    l_i,
-    q,
-    k_in,
-    v_in,
-    start_n,
-    end_n,
-    offs_m,
-    qk_scale,
-    n_keys,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    acc, m_i, l_i, q, k_in, v_in, start_n, end_n, offs_m, qk_scale, n_keys, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """Fold key tiles [start_n, end_n) into the running (acc, m, l) of one query tile.
 
     ``k_in`` and ``v_in`` are tensor descriptors of K and V (USE_TMA) or block pointers to K^T
@@ -199,34 +198,13 @@ def _fwd_key_loop(
 
 @triton.jit
 def _fwd_kernel(
-    Q,
-    K,
-    V,
-    O,
-    L,
-    stride_qb,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vn,
-    stride_vd,
-    stride_ob,
-    stride_om,
-    stride_od,
-    n_queries,
-    n_keys,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    Q, K, V, O, L,
+    stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+    stride_ob, stride_om, stride_od,
+    n_queries, n_keys, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    EVEN_M: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     # A 1-D grid of num_m query tiles x batch. Programs start roughly in index order, so causal
     # runs the last query tile of every batch (the most keys) first, then the one before, and the
     # last wave holds the short programs; non-causal keeps a batch's tiles together (K, V in L2).
@@ -264,49 +242,12 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    # Keys [0, end_n) matter; [0, full_n) are whole tiles needing no mask.
-    if CAUSAL:
-        end_n = tl.minimum(n_keys, start_m + BLOCK_M)
-        full_n = tl.minimum(start_m, n_keys) // BLOCK_N * BLOCK_N
-    else:
-        end_n = n_keys
-        full_n = n_keys // BLOCK_N * BLOCK_N
-    acc, m_i, l_i = _fwd_key_loop(
-        acc,
-        m_i,
-        l_i,
-        q,
-        k_in,
-        v_in,
-        0,
-        full_n,
-        offs_m,
-        qk_scale,
-        n_keys,
-        BLOCK_N,
-        False,
-        CAUSAL,
-        USE_TMA,
-        DOT_PRECISION,
-    )
-    acc, m_i, l_i = _fwd_key_loop(
-        acc,
-        m_i,
-        l_i,
-        q,
-        k_in,
-        v_in,
-        full_n,
-        end_n,
-        offs_m,
-        qk_scale,
-        n_keys,
-        BLOCK_N,
-        True,
-        CAUSAL,
-        USE_TMA,
-        DOT_PRECISION,
-    )
+    # Whole tiles below the diagonal with no mask, then the diagonal or ragged tiles, masked.
+    full_n, end_n = _key_range(start_m, n_keys, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, m_i, l_i = _fwd_key_loop(acc, m_i, l_i, q, k_in, v_in, 0, full_n, offs_m, qk_scale, n_keys, BLOCK_N,
+                                  False, CAUSAL, USE_TMA, DOT_PRECISION)  # fmt: skip
+    acc, m_i, l_i = _fwd_key_loop(acc, m_i, l_i, q, k_in, v_in, full_n, end_n, offs_m, qk_scale, n_keys,
+                                  BLOCK_N, True, CAUSAL, USE_TMA, DOT_PRECISION)  # fmt: skip
 
     o = (acc / l_i[:, None]).to(O.dtype.element_ty)
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # times ln 2: back to natural log
@@ -334,24 +275,9 @@ def _fwd_kernel(
 
 @triton.jit
 def _dkdv_query_loop(
-    dk,
-    dv,
-    k,
-    v,
-    qT_ptr,
-    do_ptr,
-    L,
-    Delta,
-    start_m,
-    end_m,
-    offs_n,
-    qk_scale,
-    n_queries,
-    BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    dk, dv, k, v, qT_ptr, do_ptr, L, Delta, start_m, end_m, offs_n, qk_scale, n_queries,
+    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """Accumulate dK, dV of one key tile over query tiles [start_m, end_m), working on transposes
     (keys along rows) so that dK = dS^T Q and dV = P^T dO need no shuffles of the accumulators."""
     qT_ptr = tl.advance(qT_ptr, (0, start_m))
@@ -388,37 +314,13 @@ def _dkdv_query_loop(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    L,
-    Delta,
-    DK,
-    DV,
-    stride_qb,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_dom,
-    stride_dod,
-    n_queries,
-    n_keys,
-    qk_scale,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    Q, K, V, DO, L, Delta, DK, DV,
+    stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+    stride_dob, stride_dom, stride_dod,
+    n_queries, n_keys, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     # Causal: the first key tiles are seen by the most queries, and they already start first.
     start_n = tl.program_id(0) * BLOCK_N
     b = tl.program_id(1).to(tl.int64)
@@ -448,63 +350,13 @@ def _bwd_dkdv_kernel(
         first_m = 0
         diag_end = 0
     mid = tl.maximum(first_m, tl.minimum(diag_end, full_m))
-    dk, dv = _dkdv_query_loop(
-        dk,
-        dv,
-        k,
-        v,
-        qT_ptr,
-        do_ptr,
-        L,
-        Delta,
-        first_m,
-        mid,
-        offs_n,
-        qk_scale,
-        n_queries,
-        BLOCK_M,
-        True,
-        CAUSAL,
-        DOT_PRECISION,
-    )
-    dk, dv = _dkdv_query_loop(
-        dk,
-        dv,
-        k,
-        v,
-        qT_ptr,
-        do_ptr,
-        L,
-        Delta,
-        mid,
-        full_m,
-        offs_n,
-        qk_scale,
-        n_queries,
-        BLOCK_M,
-        False,
-        CAUSAL,
-        DOT_PRECISION,
-    )
-    dk, dv = _dkdv_query_loop(
-        dk,
-        dv,
-        k,
-        v,
-        qT_ptr,
-        do_ptr,
-        L,
-        Delta,
-        tl.maximum(full_m, first_m),
-        tl.cdiv(n_queries, BLOCK_M) * BLOCK_M,
-        offs_n,
-        qk_scale,
-        n_queries,
-        BLOCK_M,
-        True,
-        CAUSAL,
-        DOT_PRECISION,
-    )
+    dk, dv = _dkdv_query_loop(dk, dv, k, v, qT_ptr, do_ptr, L, Delta, first_m, mid, offs_n, qk_scale,
+                              n_queries, BLOCK_M, True, CAUSAL, DOT_PRECISION)  # fmt: skip
+    dk, dv = _dkdv_query_loop(dk, dv, k, v, qT_ptr, do_ptr, L, Delta, mid, full_m, offs_n, qk_scale,
+                              n_queries, BLOCK_M, False, CAUSAL, DOT_PRECISION)  # fmt: skip
+    dk, dv = _dkdv_query_loop(dk, dv, k, v, qT_ptr, do_ptr, L, Delta, tl.maximum(full_m, first_m),
+                              tl.cdiv(n_queries, BLOCK_M) * BLOCK_M, offs_n, qk_scale, n_queries, BLOCK_M,
+                              True, CAUSAL, DOT_PRECISION)  # fmt: skip
 
     # dS is the gradient of the scaled scores; the 1/sqrt(d) of S = Q K^T / sqrt(d) comes in here.
     dk_ptr = _rows_ptr(DK + b * stride_kb, n_keys, stride_kn, stride_kd, start_n, BLOCK_N, HEAD_DIM)
@@ -519,27 +371,14 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_key_loop(
-    dq,
-    q,
-    do,
-    lse2,
-    delta,
-    kT_ptr,
-    vT_ptr,
-    start_n,
-    end_n,
-    offs_m,
-    qk_scale,
-    n_keys,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    dq, q, do, lse2, delta, kT_ptr, vT_ptr, start_n, end_n, offs_m, qk_scale, n_keys, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """Accumulate dQ of one query tile over key tiles [start_n, end_n)."""
     kT_ptr = tl.advance(kT_ptr, (0, start_n))
     vT_ptr = tl.advance(vT_ptr, (0, start_n))
     for start in range(start_n, end_n, BLOCK_N):
+        # Loads as in the forward's block-pointer path, V read transposed here (dP = dO V^T).
         if MASKED:
             kT = tl.load(kT_ptr, boundary_check=(1,), padding_option="zero")
             vT = tl.load(vT_ptr, boundary_check=(1,), padding_option="zero")
@@ -563,36 +402,14 @@ def _dq_key_loop(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    L,
-    Delta,
-    DQ,
-    stride_qb,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_dom,
-    stride_dod,
-    n_queries,
-    n_keys,
-    qk_scale,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    # _bwd_dkdv_kernel's arguments with DQ for DK and DV: flash_backward's common_args feed both.
+    Q, K, V, DO, L, Delta, DQ,
+    stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+    stride_dob, stride_dom, stride_dod,
+    n_queries, n_keys, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     num_m = tl.num_programs(0)
     pid_m = tl.program_id(0)
     if CAUSAL:
@@ -600,6 +417,7 @@ def _bwd_dq_kernel(
     b = tl.program_id(1).to(tl.int64)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
+    # Q and dO as the dK/dV kernel loads K and V (same shape of code, other tensors and EVEN flag).
     q_ptr = _rows_ptr(Q + b * stride_qb, n_queries, stride_qm, stride_qd, start_m, BLOCK_M, HEAD_DIM)
     do_ptr = _rows_ptr(DO + b * stride_dob, n_queries, stride_dom, stride_dod, start_m, BLOCK_M, HEAD_DIM)
     if EVEN_M:
@@ -615,48 +433,11 @@ def _bwd_dq_kernel(
     kT_ptr = _cols_ptr(K + b * stride_kb, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM)
     vT_ptr = _cols_ptr(V + b * stride_vb, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if CAUSAL:
-        end_n = tl.minimum(n_keys, start_m + BLOCK_M)
-        full_n = tl.minimum(start_m, n_keys) // BLOCK_N * BLOCK_N
-    else:
-        end_n = n_keys
-        full_n = n_keys // BLOCK_N * BLOCK_N
-    dq = _dq_key_loop(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        kT_ptr,
-        vT_ptr,
-        0,
-        full_n,
-        offs_m,
-        qk_scale,
-        n_keys,
-        BLOCK_N,
-        False,
-        CAUSAL,
-        DOT_PRECISION,
-    )
-    dq = _dq_key_loop(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        kT_ptr,
-        vT_ptr,
-        full_n,
-        end_n,
-        offs_m,
-        qk_scale,
-        n_keys,
-        BLOCK_N,
-        True,
-        CAUSAL,
-        DOT_PRECISION,
-    )
+    full_n, end_n = _key_range(start_m, n_keys, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _dq_key_loop(dq, q, do, lse2, delta, kT_ptr, vT_ptr, 0, full_n, offs_m, qk_scale, n_keys, BLOCK_N,
+                      False, CAUSAL, DOT_PRECISION)  # fmt: skip
+    dq = _dq_key_loop(dq, q, do, lse2, delta, kT_ptr, vT_ptr, full_n, end_n, offs_m, qk_scale, n_keys,
+                      BLOCK_N, True, CAUSAL, DOT_PRECISION)  # fmt: skip
     dq_ptr = _rows_ptr(DQ + b * stride_qb, n_queries, stride_qm, stride_qd, start_m, BLOCK_M, HEAD_DIM)
     if EVEN_M:
         tl.store(dq_ptr, (dq * sm_scale).to(DQ.dtype.element_ty))

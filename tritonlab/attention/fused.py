@@ -43,6 +43,7 @@ from .backward import (
     _like_q_layout,
     _load_lse2,
     _plan_query_chunks,
+    _query_chunk,
     _reduce_key_grads,
     _store_key_block,
 )
@@ -99,9 +100,7 @@ def _fused_bwd_kernel(
         v = load_rows(v_base, stride_vl, stride_vd, col_start, Lk, BLOCK_N1, HEAD_DIM, True)
         dk = tl.zeros([BLOCK_N1, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N1, HEAD_DIM], tl.float32)
-        row_begin = pid_c * q_chunk
-        row_end = tl.minimum(row_begin + q_chunk, Lq)
-        full_end = row_begin + (row_end - row_begin) // BLOCK_M1 * BLOCK_M1
+        row_begin, row_end, full_end = _query_chunk(pid_c, q_chunk, Lq, BLOCK_M1)
         for row in range(row_begin, full_end, BLOCK_M1):  # full query tiles: no checks
             q, do, lse2, delta = _load_query_tile(q_base, do_base, o_base, LSE, bh_offset, row, Lq, stride_ql,
                                                   stride_qd, stride_gl, stride_gd, stride_ol, stride_od,
@@ -110,6 +109,7 @@ def _fused_bwd_kernel(
             if KEYS_WRITE_DQ:
                 dq = tl.dot(tl.trans(ds_t).to(k.dtype), k, input_precision=DOT_PRECISION)
                 _store_rows(dq_base, stride_dl, stride_dd, row, Lq, dq * scale, BLOCK_M1, HEAD_DIM)
+        # The loop's step again, with bounds checks: only the ragged last tile pays for them.
         if full_end < row_end:  # the partial last query tile
             q, do, lse2, delta = _load_query_tile(q_base, do_base, o_base, LSE, bh_offset, full_end, Lq, stride_ql,
                                                   stride_qd, stride_gl, stride_gd, stride_ol, stride_od,
@@ -303,6 +303,7 @@ def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | No
     return dq, grads[0], grads[1]
 
 
+# attention()'s public signature (backward.py): only the backward passed to _AttentionFunction differs.
 def fused_attention(
     q: torch.Tensor,
     k: torch.Tensor,

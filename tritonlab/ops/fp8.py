@@ -110,6 +110,17 @@ def _layout(n_cols: int, granularity: str, block: int) -> tuple[int, int, int, i
     return n_groups, block_g, group, block_m, num_warps
 
 
+def _launch(kernel, a, b, c, n_cols: int, layout: tuple) -> None:
+    """Run ``kernel`` with ``_layout``'s settings over the rows of the 2-D tensors ``a``, ``b``, ``c``
+    (x, q, scales to quantize; q, scales, y to dequantize: both kernels take the same arguments)."""
+    n_groups, block_g, group, block_m, num_warps = layout
+    n_rows = a.shape[0]
+    kernel[(triton.cdiv(n_rows, block_m),)](
+        a, b, c, n_rows, n_cols, n_groups, a.stride(0), b.stride(0), c.stride(0),
+        BLOCK_M=block_m, BLOCK_G=block_g, GROUP=group, num_warps=num_warps,
+    )  # fmt: skip
+
+
 def _check_granularity(granularity: str, block: int) -> None:
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity: expected 'row' or 'block', got {granularity!r}")
@@ -128,24 +139,11 @@ def quantize_fp8(
     check_row_width("x", x.shape[-1])
     rows = as_rows(x)
     n_rows, n_cols = rows.shape
-    n_groups, block_g, group, block_m, num_warps = _layout(n_cols, granularity, block)
+    layout = _layout(n_cols, granularity, block)
+    n_groups = layout[0]
     q = torch.empty((n_rows, n_cols), dtype=FP8_DTYPE, device=x.device)
     scales = torch.empty((n_rows, n_groups), dtype=torch.float32, device=x.device)
-    _quantize_kernel[(triton.cdiv(n_rows, block_m),)](
-        rows,
-        q,
-        scales,
-        n_rows,
-        n_cols,
-        n_groups,
-        rows.stride(0),
-        q.stride(0),
-        scales.stride(0),
-        BLOCK_M=block_m,
-        BLOCK_G=block_g,
-        GROUP=group,
-        num_warps=num_warps,
-    )
+    _launch(_quantize_kernel, rows, q, scales, n_cols, layout)
     return q.view(x.shape), scales.view(*x.shape[:-1], n_groups)
 
 
@@ -163,7 +161,8 @@ def dequantize_fp8(
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype}")
     check_row_width("q", q.shape[-1])
-    n_groups, block_g, group, block_m, num_warps = _layout(q.shape[-1], granularity, block)
+    layout = _layout(q.shape[-1], granularity, block)
+    n_groups = layout[0]
     if scales.shape != (*q.shape[:-1], n_groups):
         raise ValueError(
             f"scales: expected shape {(*q.shape[:-1], n_groups)} for {granularity} granularity, "
@@ -172,21 +171,7 @@ def dequantize_fp8(
     q_rows, s_rows = as_rows(q), as_rows(scales)
     n_rows, n_cols = q_rows.shape
     y = torch.empty((n_rows, n_cols), dtype=dtype, device=q.device)
-    _dequantize_kernel[(triton.cdiv(n_rows, block_m),)](
-        q_rows,
-        s_rows,
-        y,
-        n_rows,
-        n_cols,
-        n_groups,
-        q_rows.stride(0),
-        s_rows.stride(0),
-        y.stride(0),
-        BLOCK_M=block_m,
-        BLOCK_G=block_g,
-        GROUP=group,
-        num_warps=num_warps,
-    )
+    _launch(_dequantize_kernel, q_rows, s_rows, y, n_cols, layout)
     return y.view(q.shape)
 
 

@@ -64,32 +64,10 @@ def _rope_kernel(
     sin = tl.load(SIN + t * stride_sin + d, mask=d < half, other=0.0).to(tl.float32)
     if BACKWARD:  # the transpose of a rotation is the rotation by minus the angle
         sin = -sin
-    _rotate_heads(
-        Q,
-        QOUT,
-        b * stride_qb + t * stride_qt,
-        row * n_q_heads * 2 * half,
-        n_q_heads,
-        stride_qh,
-        cos[None, :],
-        sin[None, :],
-        half,
-        BLOCK_HQ,
-        BLOCK_D,
-    )
-    _rotate_heads(
-        K,
-        KOUT,
-        b * stride_kb + t * stride_kt,
-        row * n_k_heads * 2 * half,
-        n_k_heads,
-        stride_kh,
-        cos[None, :],
-        sin[None, :],
-        half,
-        BLOCK_HK,
-        BLOCK_D,
-    )
+    _rotate_heads(Q, QOUT, b * stride_qb + t * stride_qt, row * n_q_heads * 2 * half, n_q_heads, stride_qh,
+                  cos[None, :], sin[None, :], half, BLOCK_HQ, BLOCK_D)  # fmt: skip
+    _rotate_heads(K, KOUT, b * stride_kb + t * stride_kt, row * n_k_heads * 2 * half, n_k_heads, stride_kh,
+                  cos[None, :], sin[None, :], half, BLOCK_HK, BLOCK_D)  # fmt: skip
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
