@@ -288,10 +288,10 @@ class PhaseReport:
 
 def smoke_section(df: pd.DataFrame) -> str:
     """CPU rows: which cells ran in the interpreter and which failed -- no times, no ratios."""
-    cols = [c for c in ["variant", "shape", "dtype", "status", "error", "utc", "git_commit"] if c in df]
+    cols = [c for c in ["variant", "shape", "dtype", "status", "utc", "git_commit"] if c in df]
     return (
         "Rows from Triton's interpreter on the CPU: they check that the code runs and measure "
-        "nothing, so no time, ratio or verdict is shown.\n\n" + markdown_table(df, cols)
+        "nothing, so no time, ratio or verdict is shown.\n\n" + markdown_table(df, cols) + failures_table(df)
     )
 
 

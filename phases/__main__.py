@@ -62,20 +62,23 @@ def run_phase(name: str, argv: list[str]) -> None:
         sys.argv = saved
 
 
-def report(names: list[str]) -> None:
-    """Re-render reports from CSVs: the committed ``reports/data`` on any machine (rendering reads
-    rows, it runs no kernel), or the directory ``TRITONLAB_DATA_DIR`` names (a CPU run's ``out/cpu``)."""
+def report(names: list[str], data: Path | None = None) -> None:
+    """Re-render reports from the CSVs under ``data``: by default the committed ``reports/data`` on
+    any machine (rendering reads rows, it runs no kernel) unless ``TRITONLAB_DATA_DIR`` names
+    another; the Slurm collector passes the directory its cells wrote to (``out/cpu/data`` on a
+    node without a GPU). Reports go beside the data directory."""
     from common.provenance import REPO_ROOT
     from common.report import render_all, render_phase, reports_dir, write_index
 
+    if data is not None:
+        os.environ["TRITONLAB_DATA_DIR"] = str(data)
     os.environ.setdefault("TRITONLAB_DATA_DIR", str(REPO_ROOT / "reports" / "data"))
-
     every = [
         phase_module(n, "report").REPORT for n in phase_names() if (PHASES_DIR / n / "report.py").exists()
     ]
     if not names:
         for path in render_all(every):
-            print(path)
+            print(f"report: {path}")
         return
     for name in names:
         phase = resolve(name)
@@ -84,8 +87,9 @@ def report(names: list[str]) -> None:
             raise SystemExit(
                 f"report: unknown phase {name!r}; expected one of {', '.join(r.name for r in every)}"
             )
-        print(render_phase(chosen[0]) or f"{phase}: no data")
-    print(write_index(reports_dir(), every))
+        path = render_phase(chosen[0])
+        print(f"report: {path}" if path else f"report: {phase}: no data")
+    print(f"index: {write_index(reports_dir(), every)}")
 
 
 def parser() -> argparse.ArgumentParser:

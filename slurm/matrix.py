@@ -255,6 +255,7 @@ def _job_state(job: str) -> str:
 def collect(array_job_id: str) -> None:
     """Once the whole array has ended: fill the gaps with failure rows, then re-render the report of
     the matrix's phase and the index (what `python -m phases report <phase>` does)."""
+    from common.results import data_dir
     from phases.__main__ import report
 
     matrix = cells()
@@ -267,7 +268,7 @@ def collect(array_job_id: str) -> None:
             )
         if rows:
             print(f"cell {index} ({state}): recorded {len(rows)} failure row(s)")
-    report([matrix[0].phase] if matrix else [PHASE])
+    report([matrix[0].phase] if matrix else [PHASE], data=data_dir())
 
 
 # --- resubmission --------------------------------------------------------------------------------
