@@ -6,6 +6,9 @@ heads of D = 64, the model's batch sizes) or a point of the Lk sweep. Inputs are
 makes them: strided views of (B, L, H·D) projections. Each cell checks its implementation against
 the reference SDPA backend (cuDNN on a GPU, the math backend on the CPU) and then times it; a cell
 that fails or runs out of memory becomes a row saying so.
+
+The three phases also share their command line (:func:`attention_parser`, :func:`parse_attention_args`)
+and their report (:func:`attention_report`); each adds its goals and, 04, its own flags.
 """
 
 import functools
@@ -21,10 +24,13 @@ from tritonlab.models import SHAPES, resolve_shape
 from tritonlab.testing import DTYPES
 from tritonlab.tuning import ConfigRecord
 
+from .cli import parse_phase_args, phase_parser, refuse_bf16_on_cpu
 from .device import DEVICE, ON_GPU
 from .memory import measure_peak_memory
-from .report import (
+from .ncu import render_profile
+from .report import (  # much the same list as other modules': a declaration, not logic
     Figures,
+    PhaseReport,
     Verdict,
     add_speedup,
     best_baseline_verdict,
@@ -86,6 +92,24 @@ def sweep_case(lk: int) -> Case:
     return Case(f"sweep-Lk{lk}", max(1, round(rows / (HEADS * lq))), lq, lk)
 
 
+def attention_parser(phase: str, description: str):
+    """The attention phases' parser: the TNP shapes (small, mid, large on a GPU; tiny on the CPU),
+    bf16, fp16 or fp32, and :func:`add_case_arguments`' flags."""
+    parser = phase_parser(
+        phase, description, shapes=TNP_SHAPES, gpu_shapes=GPU_SHAPES, dtypes=DTYPE_NAMES,
+        epilog="dtype default: bf16 on a GPU, fp16 on the CPU (the interpreter's bf16 dots are wrong)",
+    )  # fmt: skip
+    add_case_arguments(parser)
+    return parser
+
+
+def parse_attention_args(parser, argv=None):
+    """Parse (``common.cli.parse_phase_args``) and put the run's cases in ``args.cases``."""
+    args = parse_phase_args(parser, argv)
+    args.cases = cases_from(parser, args)
+    return args
+
+
 def add_case_arguments(parser) -> None:
     """--sweep and --sweep-lk, the flags every attention phase shares beyond the common ones."""
     parser.add_argument(
@@ -101,8 +125,7 @@ def add_case_arguments(parser) -> None:
 
 def cases_from(parser, args) -> list[Case]:
     """The TNP cases of ``--shape`` and the sweep's; a bad value is the parser's error."""
-    if not ON_GPU and args.dtype == "bf16":
-        parser.error("--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp16 or fp32 here")
+    refuse_bf16_on_cpu(parser, args.dtype)
     cases = [tnp_case(name) for name in args.shape]
     if args.sweep or args.sweep_lk:
         lks = args.sweep_lk or (SWEEP_LK if ON_GPU else CPU_SWEEP_LK)
@@ -324,3 +347,19 @@ def attention_verdicts(phase: str, df: pd.DataFrame, goals: list[tuple]) -> list
         if verdict is not None:
             verdicts.append(verdict)
     return verdicts
+
+
+def attention_report(phase: str, title: str, *, section: str, goals: list[tuple], profile: bool = False):
+    """The phase's ``PhaseReport``: :func:`render_attention` under ``section`` (then the ncu profile,
+    with ``profile``) and :func:`attention_verdicts` of ``goals``."""
+
+    def render(df: pd.DataFrame, fig: Figures) -> str:
+        text = render_attention(df, fig, title=section)
+        if profile:
+            text += render_profile(phase, df["gpu"].iloc[0])
+        return text
+
+    def headline(df: pd.DataFrame) -> list[Verdict]:
+        return attention_verdicts(phase, df, goals)
+
+    return PhaseReport(phase, title, render, headline)

@@ -1,18 +1,25 @@
 """The command line every phase shares: the same flags for the same things.
 
 ``--shape`` (the phase's named shapes), ``--dtype``, ``--out`` (where rows and the report go) and
-``--no-report``; a phase adds its own. A bad value is argparse's error listing the valid choices
-(exit status 2). On a machine without a GPU the kernels run in Triton's interpreter, where only the
-phase's tiny shapes finish in reasonable time and memory: any other shape is refused at once, with
-the command to run instead, before any work starts.
+``--no-report``; a phase adds its own (:func:`choices_argument` for a list of names such as
+``--variants``). A bad value is argparse's error listing the valid choices (exit status 2). On a
+machine without a GPU the kernels run in Triton's interpreter, where only the phase's tiny shapes
+finish in reasonable time and memory: any other shape is refused at once, with the command to run
+instead, before any work starts; so is bf16 where a phase's kernels take dots
+(:func:`refuse_bf16_on_cpu`).
+
+:func:`phase_run` is the body every phase's ``main`` shares: the interpreter banner, the rows'
+writer, and after the phase's cells the rows' path and the report.
 """
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-from .device import ON_GPU
+from .device import ON_GPU, interpreter_banner
+from .results import ResultWriter
 
 
 def phase_parser(
@@ -84,3 +91,48 @@ def refuse_on_cpu(parser: argparse.ArgumentParser, shapes: Sequence[str], cpu_sh
             f"(it would run for hours or exhaust memory); run `python -m phases {parser.get_default('_phase')} "
             f"--shape {' '.join(cpu_shapes)}` here, or this shape on a GPU"
         )
+
+
+def refuse_bf16_on_cpu(parser: argparse.ArgumentParser, *dtypes: str) -> None:
+    """Refuse ``--dtype bf16`` without a GPU: Triton's interpreter computes bf16 dots wrongly."""
+    if not ON_GPU and "bf16" in dtypes:
+        parser.error("--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp16 or fp32 here")
+
+
+def choices_argument(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    names: Sequence[str],
+    metavar: str,
+    *,
+    all_by_default: bool = True,
+    default_help: str = "all",
+) -> None:
+    """``flag`` takes one or more of ``names`` (e.g. ``--variants``); its default is all of them, or
+    None with ``all_by_default=False`` (the phase then picks); ``default_help`` says what it is."""
+    parser.add_argument(
+        flag,
+        nargs="+",
+        choices=names,
+        default=list(names) if all_by_default else None,
+        metavar=metavar,
+        help=f"any of {', '.join(names)} (default: {default_help})",
+    )
+
+
+@contextmanager
+def phase_run(
+    phase: str, report=None, *, no_report: bool = False, subdir: str = ""
+) -> Iterator[ResultWriter]:
+    """A phase's run: prints the interpreter banner and yields the rows' writer (under ``subdir`` of
+    the phase's data); when the block ends, prints where the rows went and renders ``report`` (a
+    ``common.report.PhaseReport``) unless ``no_report`` or there is none. A block that raises
+    renders nothing."""
+    print(interpreter_banner())
+    writer = ResultWriter(phase, subdir=subdir)
+    yield writer
+    print(f"rows: {writer.path}")
+    if report is not None and not no_report:
+        from .report import render_phase  # pandas and matplotlib: only when a report is rendered
+
+        print(f"report: {render_phase(report)}")

@@ -21,9 +21,10 @@ torch.compile's backward normally frees ("donates") saved buffers as it goes, wh
 ``retain_graph`` the backward timing needs; :func:`measure_fwd_bwd` turns donation off, which can
 only raise compile's peak memory a little, not change its times.
 
-:func:`render_sweep` is the report all three phases share: the latest row of each cell, speedups
-against baselines of the same run, the goals' lines, a table of every cell, a figure, the tiles, the
-failures.
+:func:`fwd_bwd_parser` is the command line all three share (the TNP shapes, ``--variants``), and
+:func:`render_sweep` the report: the latest row of each cell, speedups against baselines of the same
+run, the goals' lines, a table of every cell, a figure, the tiles, the failures;
+:func:`fwd_bwd_verdicts` their headline verdicts.
 """
 
 from collections.abc import Callable
@@ -36,17 +37,39 @@ from torch import Tensor
 from tritonlab.testing import rel_err
 from tritonlab.tuning import ConfigRecord
 
+from .cli import choices_argument, phase_parser
 from .device import ON_GPU
 from .memory import measure_peak_memory
-from .report import Figures, add_speedup, failures_table, markdown_table, select_latest
+from .report import (  # much the same list as other modules': a declaration, not logic
+    Figures,
+    Verdict,
+    add_speedup,
+    best_baseline_verdict,
+    failures_table,
+    markdown_table,
+    select_latest,
+)
 from .runner import Cell, check_close
 from .timing import bench
 
+SHAPE_ORDER = {"tiny": 0, "small": 1, "mid": 2, "large": 3}  # the --shape choices, in this order
 BENCH = {"warmup_ms": 25.0, "rep_ms": 150.0} if ON_GPU else {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}
 GEMM_HEAD_START_MS = 2.0
 # Relative error against the float32 reference that a cell must stay under: 16-bit outputs are
 # rounded once (bf16 keeps 8 bits: ~3e-3 measured); float32 runs IEEE products.
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
+
+
+def fwd_bwd_parser(phase: str, description: str, variants, *, dtypes, epilog: str):
+    """The parser of phases 06-08: the TNP shapes (tiny, small, mid, large: small, mid and large by
+    default on a GPU, tiny on the CPU), ``--dtype`` of ``dtypes`` (bf16 by default on a GPU, fp32 on
+    the CPU) and ``--variants``, any of ``variants`` (default: all)."""
+    parser = phase_parser(
+        phase, description, shapes=tuple(SHAPE_ORDER), gpu_shapes=("small", "mid", "large"), dtypes=dtypes,
+        default_dtype="bf16" if ON_GPU else "fp32", epilog=epilog,
+    )  # fmt: skip
+    choices_argument(parser, "--variants", variants, "VARIANT")
+    return parser
 
 
 def dtype_column(dtype: torch.dtype) -> str:
@@ -154,7 +177,6 @@ def fwd_bwd_cell(
 # -- the report the three phases share ---------------------------------------------------------------
 
 KEYS = ["variant", "shape", "dtype"]
-SHAPE_ORDER = {"tiny": 0, "small": 1, "mid": 2, "large": 3}
 
 
 def render_sweep(
@@ -210,3 +232,28 @@ def tiles_table(ok: pd.DataFrame) -> str:
     if tuned.empty:
         return ""
     return "\n## Tiles the autotuner chose\n\n" + markdown_table(tuned, ["shape", "variant", "tiles"])
+
+
+def dtype_names(df: pd.DataFrame) -> str:
+    """The rows' dtypes for a report's prose ("bfloat16, float32"); bfloat16 when there are none."""
+    return ", ".join(sorted(df["dtype"].dropna().unique())) or "bfloat16"
+
+
+def fwd_bwd_verdicts(phase: str, ours: str, cells: list[tuple]) -> list[Verdict]:
+    """Headline verdicts: ``ours``'s bf16 forward+backward time against the best of a cell's
+    baselines. ``cells`` are (rows, shape, cell label, baselines, goal); a cell whose rows lack the
+    variants gives none."""
+    verdicts = [
+        best_baseline_verdict(
+            phase,
+            rows,
+            cell=cell,
+            where={"shape": shape, "dtype": "bfloat16"},
+            ours=ours,
+            baselines=baselines,
+            goal=goal,
+            metric="fwd_bwd_ms",
+        )
+        for rows, shape, cell, baselines, goal in cells
+    ]
+    return [v for v in verdicts if v is not None]

@@ -8,8 +8,8 @@ backward, AdamW -- with per-stage times, tokens/s and peak memory, one CSV row p
 renders the report. Everything later phases do is measured against these rows.
 """
 
-from common import ON_GPU, ResultWriter, interpreter_banner, run_cells
-from common.cli import parse_phase_args, phase_parser
+from common import ON_GPU, run_cells
+from common.cli import parse_phase_args, phase_parser, phase_run
 from tritonlab.models import DTYPES, SDPA_BACKENDS, SHAPES, TNPConfig, resolve_shape
 
 from .bench import MODES, step_cells, train
@@ -79,25 +79,14 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(interpreter_banner())
     cfg = TNPConfig()
-    writer = ResultWriter(PHASE)
-    cells = list(
-        step_cells(
-            cfg, args.shapes, args.modes, args.sdpa_backend, args.dtype, steps=args.steps, warmup=args.warmup
-        )
-    )
-    run_cells(writer, cells)
-    if args.train:
-        shape = resolve_shape("small" if ON_GPU else "tiny", args.batch)
-        train(
-            writer, cfg, shape, args.sdpa_backend[0], args.dtype, args.train_steps or (300 if ON_GPU else 30)
-        )
-    print(f"rows: {writer.path}")
-    if not args.no_report:
-        from common.report import render_phase
-
-        print(f"report: {render_phase(REPORT)}")
+    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
+        step_kw = {"steps": args.steps, "warmup": args.warmup}
+        run_cells(writer, step_cells(cfg, args.shapes, args.modes, args.sdpa_backend, args.dtype, **step_kw))
+        if args.train:
+            shape = resolve_shape("small" if ON_GPU else "tiny", args.batch)
+            train_steps = args.train_steps or (300 if ON_GPU else 30)
+            train(writer, cfg, shape, args.sdpa_backend[0], args.dtype, train_steps)
 
 
 if __name__ == "__main__":

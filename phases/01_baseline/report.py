@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from common.report import (
+from common.report import (  # much the same list as other modules': a declaration, not logic
     Figures,
     PhaseReport,
     Verdict,

@@ -1,19 +1,12 @@
 """Renders reports/02_attn_fwd.md: the forward against SDPA, and its headline verdicts."""
 
-from common.attention_bench import attention_verdicts, render_attention
-from common.report import PhaseReport
+from common.attention_bench import attention_report
 
 PHASE = "02_attn_fwd"
 # Forward >= 1.1x the best SDPA backend (cuDNN) at mid and large (README, issue 18).
 GOALS = [("triton", "mid", "fwd", 1.1), ("triton", "large", "fwd", 1.1)]
 
-
-def render(df, fig) -> str:
-    return render_attention(df, fig, title="Forward")
-
-
-def headline(df):
-    return attention_verdicts(PHASE, df, GOALS)
-
-
-REPORT = PhaseReport(PHASE, "02_attn_fwd — rectangular attention forward in Triton", render, headline)
+REPORT = attention_report(
+    PHASE, "02_attn_fwd — rectangular attention forward in Triton", section="Forward", goals=GOALS
+)
+headline = REPORT.headline

@@ -11,9 +11,9 @@ backward (TFLOP/s count 3.5 x the forward's 4·B·H·Lq·Lk·D) after checking a
 against SDPA.
 """
 
-from common import ResultWriter, interpreter_banner, run_cells
-from common.attention_bench import DTYPE_NAMES, GPU_SHAPES, TNP_SHAPES, add_case_arguments, cases_from
-from common.cli import parse_phase_args, phase_parser
+from common import run_cells
+from common.attention_bench import attention_parser, parse_attention_args
+from common.cli import phase_run
 
 from .bench import cells
 from .report import REPORT
@@ -21,28 +21,16 @@ from .report import REPORT
 PHASE = "03_attn_bwd"
 
 
+# The same script as phase 02's, on this phase's bench (shared: common.attention_bench, common.cli).
 def parse_args(argv=None):
-    parser = phase_parser(
-        PHASE, __doc__.strip().splitlines()[0], shapes=TNP_SHAPES, gpu_shapes=GPU_SHAPES, dtypes=DTYPE_NAMES,
-        epilog="dtype default: bf16 on a GPU, fp16 on the CPU (the interpreter's bf16 dots are wrong)",
-    )  # fmt: skip
-    add_case_arguments(parser)
-    args = parse_phase_args(parser, argv)
-    args.cases = cases_from(parser, args)
-    return args
+    return parse_attention_args(attention_parser(PHASE, __doc__.strip().splitlines()[0]), argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(interpreter_banner())
-    writer = ResultWriter(PHASE)
-    phase_cells, total = cells(args.cases, args.dtype)
-    run_cells(writer, phase_cells, total=total)
-    print(f"rows: {writer.path}")
-    if not args.no_report:
-        from common.report import render_phase
-
-        print(f"report: {render_phase(REPORT)}")
+    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
+        phase_cells, total = cells(args.cases, args.dtype)
+        run_cells(writer, phase_cells, total=total)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ shapes named by --graphed-on (small by default on a GPU: its calls are bound by 
 implementation is also timed as a CUDA-graph replay of the same call (mode `fwd+bwd graphed`).
 """
 
-from common import ON_GPU, ResultWriter, interpreter_banner, run_cells
-from common.attention_bench import DTYPE_NAMES, GPU_SHAPES, TNP_SHAPES, add_case_arguments, cases_from
-from common.cli import parse_phase_args, phase_parser
+from common import ON_GPU, run_cells
+from common.attention_bench import TNP_SHAPES, attention_parser, cases_from
+from common.cli import parse_phase_args, phase_run
 
 from .bench import cells
 from .report import REPORT
@@ -25,11 +25,7 @@ PHASE = "04_fused_attn"
 
 
 def parse_args(argv=None):
-    parser = phase_parser(
-        PHASE, __doc__.strip().splitlines()[0], shapes=TNP_SHAPES, gpu_shapes=GPU_SHAPES, dtypes=DTYPE_NAMES,
-        epilog="dtype default: bf16 on a GPU, fp16 on the CPU (the interpreter's bf16 dots are wrong)",
-    )  # fmt: skip
-    add_case_arguments(parser)
+    parser = attention_parser(PHASE, __doc__.strip().splitlines()[0])
     parser.add_argument(
         "--two-pass-on", nargs="*", choices=TNP_SHAPES, default=None, metavar="SHAPE",
         help="the TNP shapes where phase 03's two-pass backward runs side by side (default: every "
@@ -50,15 +46,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(interpreter_banner())
-    writer = ResultWriter(PHASE)
-    phase_cells, total = cells(args.cases, args.dtype, args.two_pass_on, args.graphed_on)
-    run_cells(writer, phase_cells, total=total)
-    print(f"rows: {writer.path}")
-    if not args.no_report:
-        from common.report import render_phase
-
-        print(f"report: {render_phase(REPORT)}")
+    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
+        phase_cells, total = cells(args.cases, args.dtype, args.two_pass_on, args.graphed_on)
+        run_cells(writer, phase_cells, total=total)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,7 @@
 """Renders reports/04_fused_attn.md: forward + fused backward against the two-pass backward and SDPA,
 the ncu profile, and the headline verdicts."""
 
-from common.attention_bench import attention_verdicts, render_attention
-from common.ncu import render_profile
-from common.report import PhaseReport
+from common.attention_bench import attention_report
 
 PHASE = "04_fused_attn"
 # Issue 18: forward + backward >= 1.05x the best SDPA backend (cuDNN) at mid and large, and
@@ -15,16 +13,11 @@ GOALS = [
     ("triton-fused", "small", "fwd+bwd graphed", 1.0),
 ]
 
-
-def render(df, fig) -> str:
-    profile = render_profile(PHASE, df["gpu"].iloc[0])
-    return render_attention(df, fig, title="Forward + fused backward") + profile
-
-
-def headline(df):
-    return attention_verdicts(PHASE, df, GOALS)
-
-
-REPORT = PhaseReport(
-    PHASE, "04_fused_attn — attention backward in one launch, recomputing tiles on chip", render, headline
+REPORT = attention_report(
+    PHASE,
+    "04_fused_attn — attention backward in one launch, recomputing tiles on chip",
+    section="Forward + fused backward",
+    goals=GOALS,
+    profile=True,
 )
+headline = REPORT.headline

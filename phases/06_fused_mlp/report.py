@@ -2,9 +2,9 @@
 
 import pandas as pd
 
-from common.fwd_bwd import render_sweep
+from common.fwd_bwd import dtype_names, fwd_bwd_verdicts, render_sweep
 from common.ncu import render_profile
-from common.report import Figures, PhaseReport, Verdict, best_baseline_verdict
+from common.report import Figures, PhaseReport, Verdict
 
 PHASE = "06_fused_mlp"
 # Ours: the Triton variants, and eager's cuBLAS GEMMs on padded weights (no Triton: what padding buys).
@@ -33,24 +33,16 @@ def _goal_lines(ok: pd.DataFrame) -> list[str]:
 def headline(df: pd.DataFrame) -> list[Verdict]:
     """``fused_mlp`` (the recompute variant) forward+backward against the best of eager and compile,
     bf16 at mid and large; goal 1.0× (the README's: at least compile's speed)."""
-    verdicts = [
-        best_baseline_verdict(
-            PHASE,
-            df,
-            cell=f"{shape}, bf16, fwd+bwd",
-            where={"shape": shape, "dtype": "bfloat16"},
-            ours="fused-recompute",
-            baselines=["eager", "compile"],
-            goal=GOAL_VS_COMPILE,
-            metric="fwd_bwd_ms",
-        )
+    cells = [
+        (df, shape, f"{shape}, bf16, fwd+bwd", ["eager", "compile"], GOAL_VS_COMPILE)
         for shape in ("mid", "large")
     ]
-    return [v for v in verdicts if v is not None]
+    return fwd_bwd_verdicts(PHASE, "fused-recompute", cells)
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    dtypes = ", ".join(sorted(df["dtype"].dropna().unique())) or "bfloat16"
+    dtypes = dtype_names(df)
+    # render_sweep's arguments, with this phase's values: 06-08's calls share their shape, not their content.
     sweep = render_sweep(
         df,
         fig,

@@ -8,8 +8,9 @@ it checks and times every variant's forward, backward and forward+backward side 
 runs the tiny shape with small dims in Triton's interpreter: the code runs, nothing is measured.
 """
 
-from common import ON_GPU, ResultWriter, interpreter_banner, run_cells
-from common.cli import parse_phase_args, phase_parser
+from common import run_cells
+from common.cli import parse_phase_args, phase_run, refuse_bf16_on_cpu
+from common.fwd_bwd import fwd_bwd_parser
 from tritonlab.testing import DTYPES
 
 from .bench import VARIANTS, cells
@@ -18,46 +19,22 @@ from .report import REPORT
 PHASE = "07_grouped_gemm"
 
 
+# The same script as phase 06's, on this phase's bench (shared: common.fwd_bwd, common.cli).
 def parse_args(argv=None):
-    parser = phase_parser(
-        PHASE,
-        __doc__.strip().splitlines()[0],
-        shapes=("tiny", "small", "mid", "large"),
-        gpu_shapes=("small", "mid", "large"),
-        dtypes=tuple(DTYPES),
-        default_dtype="bf16" if ON_GPU else "fp32",
+    parser = fwd_bwd_parser(
+        PHASE, __doc__.strip().splitlines()[0], VARIANTS, dtypes=tuple(DTYPES),
         epilog="variants: " + ", ".join(VARIANTS),
-    )
-    parser.add_argument(
-        "--variants",
-        nargs="+",
-        choices=VARIANTS,
-        default=list(VARIANTS),
-        metavar="VARIANT",
-        help=f"any of {', '.join(VARIANTS)} (default: all)",
-    )
+    )  # fmt: skip
     args = parse_phase_args(parser, argv)
-    if not ON_GPU and args.dtype == "bf16":
-        parser.error(
-            "--dtype bf16: Triton's interpreter computes bf16 dots wrongly; use fp16 or fp32 on the CPU"
-        )
+    refuse_bf16_on_cpu(parser, args.dtype)
     return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(interpreter_banner())
-    writer = ResultWriter(PHASE)
-    run_cells(
-        writer,
-        cells(args.shape, args.variants, DTYPES[args.dtype]),
-        total=len(args.shape) * len(args.variants),
-    )
-    print(f"rows: {writer.path}")
-    if not args.no_report:
-        from common.report import render_phase
-
-        print(f"report: {render_phase(REPORT)}")
+    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
+        total = len(args.shape) * len(args.variants)
+        run_cells(writer, cells(args.shape, args.variants, DTYPES[args.dtype]), total=total)
 
 
 if __name__ == "__main__":

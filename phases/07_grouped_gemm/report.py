@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from common.fwd_bwd import render_sweep
-from common.report import Figures, PhaseReport, Verdict, best_baseline_verdict
+from common.fwd_bwd import dtype_names, fwd_bwd_verdicts, render_sweep
+from common.report import Figures, PhaseReport, Verdict
 
 PHASE = "07_grouped_gemm"
 GOAL_VS_LOOP, GOAL_VS_BEST = 3.0, 1.3  # the README's goals: ≥ 3× the loop, ≥ 1.3× the best of bmm and compile
@@ -35,24 +35,16 @@ def _goal_lines(ok: pd.DataFrame) -> list[str]:
 def headline(df: pd.DataFrame) -> list[Verdict]:
     """``gmm_heads`` (grouped) forward+backward against the best of the loop, bmm and compile, bf16
     at every shape; goal 1.3× (the README's goal against the best of bmm and compile)."""
-    verdicts = [
-        best_baseline_verdict(
-            PHASE,
-            df,
-            cell=f"{shape}, bf16, fwd+bwd",
-            where={"shape": shape, "dtype": "bfloat16"},
-            ours="grouped",
-            baselines=["loop", "bmm", "compile"],
-            goal=GOAL_VS_BEST,
-            metric="fwd_bwd_ms",
-        )
-        for shape in ("small", "mid", "large")
+    baselines = ["loop", "bmm", "compile"]
+    cells = [
+        (df, shape, f"{shape}, bf16, fwd+bwd", baselines, GOAL_VS_BEST) for shape in ("small", "mid", "large")
     ]
-    return [v for v in verdicts if v is not None]
+    return fwd_bwd_verdicts(PHASE, "grouped", cells)
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    dtypes = ", ".join(sorted(df["dtype"].dropna().unique())) or "bfloat16"
+    dtypes = dtype_names(df)
+    # render_sweep's arguments, with this phase's values: 06-08's calls share their shape, not their content.
     return render_sweep(
         df,
         fig,

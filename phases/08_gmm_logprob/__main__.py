@@ -11,8 +11,9 @@ as CUDA-graph replays; writes one row per cell and renders the report. Without a
 tiny shape in Triton's interpreter: the code runs, nothing is measured.
 """
 
-from common import ON_GPU, ResultWriter, interpreter_banner, run_cells
-from common.cli import parse_phase_args, phase_parser
+from common import ON_GPU, run_cells
+from common.cli import parse_phase_args, phase_run
+from common.fwd_bwd import fwd_bwd_parser
 from tritonlab.testing import DTYPES
 
 from .bench import VARIANTS, cells, row_counts
@@ -23,23 +24,10 @@ CPU_MAX_ROWS = 10_000  # what the interpreter runs in seconds
 
 
 def parse_args(argv=None):
-    parser = phase_parser(
-        PHASE,
-        __doc__.strip().splitlines()[0],
-        shapes=("tiny", "small", "mid", "large"),
-        gpu_shapes=("small", "mid", "large"),
-        dtypes=("bf16", "fp32"),
-        default_dtype="bf16" if ON_GPU else "fp32",
+    parser = fwd_bwd_parser(
+        PHASE, __doc__.strip().splitlines()[0], VARIANTS, dtypes=("bf16", "fp32"),
         epilog="fp16 params are refused: their gradients overflow at 65 504",
-    )
-    parser.add_argument(
-        "--variants",
-        nargs="+",
-        choices=VARIANTS,
-        default=list(VARIANTS),
-        metavar="VARIANT",
-        help=f"any of {', '.join(VARIANTS)} (default: all)",
-    )
+    )  # fmt: skip
     parser.add_argument(
         "--rows", nargs="+", type=int, default=[], metavar="T", help="extra target counts, a bandwidth sweep"
     )
@@ -75,15 +63,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(interpreter_banner())
-    writer = ResultWriter(PHASE)
-    total = sum(len(args.variants) * (2 if name in args.graphed_on else 1) for name, _ in args.cells)
-    run_cells(writer, cells(args.cells, args.variants, DTYPES[args.dtype], args.graphed_on), total=total)
-    print(f"rows: {writer.path}")
-    if not args.no_report:
-        from common.report import render_phase
-
-        print(f"report: {render_phase(REPORT)}")
+    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
+        total = sum(len(args.variants) * (2 if name in args.graphed_on else 1) for name, _ in args.cells)
+        run_cells(writer, cells(args.cells, args.variants, DTYPES[args.dtype], args.graphed_on), total=total)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,12 @@ called through autograd and, where measured, as CUDA-graph replays."""
 
 import pandas as pd
 
-from common.fwd_bwd import KEYS, render_sweep
+from common.fwd_bwd import KEYS, dtype_names, fwd_bwd_verdicts, render_sweep
 from common.report import (
     Figures,
     PhaseReport,
     Verdict,
     add_speedup,
-    best_baseline_verdict,
     failures_table,
     markdown_table,
     select_latest,
@@ -106,27 +105,15 @@ def headline(df: pd.DataFrame) -> list[Verdict]:
         (autograd, "T=4194304", "T=4194304, autograd", ["eager"], GOAL_VS_EAGER),
         (autograd, "T=4194304", "T=4194304, autograd, share of copy", ["copy"], GOAL_OF_COPY),
     ]
-    verdicts = [
-        best_baseline_verdict(
-            PHASE,
-            rows,
-            cell=cell,
-            where={"shape": shape, "dtype": "bfloat16"},
-            ours="fused",
-            baselines=baselines,
-            goal=goal,
-            metric="fwd_bwd_ms",
-        )
-        for rows, shape, cell, baselines, goal in cells
-    ]
-    return [v for v in verdicts if v is not None]
+    return fwd_bwd_verdicts(PHASE, "fused", cells)
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
     # Split before render_sweep, which keeps the newest row per variant, shape and dtype regardless of mode.
     modes = _modes(df)
     graphed = df.loc[modes == "graphed"]
-    dtypes = ", ".join(sorted(df["dtype"].dropna().unique())) or "bfloat16"
+    dtypes = dtype_names(df)
+    # render_sweep's arguments, with this phase's values: 06-08's calls share their shape, not their content.
     sweep = render_sweep(
         df.loc[modes != "graphed"],
         fig,

@@ -20,7 +20,7 @@ import contextlib
 from pathlib import Path
 
 from common import ON_GPU, ResultWriter, interpreter_banner, run_cells
-from common.cli import parse_phase_args, phase_parser
+from common.cli import parse_phase_args, phase_parser, refuse_bf16_on_cpu
 from tritonlab.attention import HEAD_DIMS
 
 from .bench import (
@@ -160,10 +160,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(
                 f"--tune-shape: N = {args.tune_shape[1]} is too long for the interpreter (at most {CPU_MAX_SEQ})"
             )
-        if not ON_GPU and "bf16" in (args.dtype or []):
-            parser.error(
-                "--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp16 or fp32 here"
-            )
+        refuse_bf16_on_cpu(parser, *(args.dtype or []))
         if args.d or args.seq or args.dtype or not (args.quick or not ON_GPU):
             default_seq = FLASH_SEQ if ON_GPU else CPU_GRID["flash"][0][2]
             args.grids = [
@@ -172,8 +169,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             ]
         else:
             args.grids = FLASH_QUICK if ON_GPU else CPU_GRID["flash"]
-    elif not ON_GPU and args.dtype == "bf16":
-        parser.error("--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp16 or fp32 here")
+    else:
+        refuse_bf16_on_cpu(parser, args.dtype)
     return args
 
 

@@ -13,8 +13,8 @@ renders the report. Without a GPU it runs the interpreter on tiny odd sizes.
 
 import torch
 
-from common import ON_GPU, ResultWriter, interpreter_banner, run_cells
-from common.cli import parse_phase_args, phase_parser
+from common import ON_GPU, run_cells
+from common.cli import choices_argument, parse_phase_args, phase_parser, phase_run
 
 from .bench import KERNELS, PASSES, SIZES, VARIANTS, cells, count_cells, tune_cells
 from .report import REPORT
@@ -35,30 +35,15 @@ def parse_args(argv=None):
         "quick = two LLM sizes per op, full = every size (4096x1024 up to 65536x8192; cross-entropy "
         "up to 16384x128256)",
     )
-    parser.add_argument(
-        "--kernels",
-        nargs="+",
-        choices=KERNELS,
-        default=list(KERNELS),
-        metavar="KERNEL",
-        help=f"any of {', '.join(KERNELS)} (default: all)",
-    )
-    parser.add_argument(
-        "--variants",
-        nargs="+",
-        choices=VARIANTS,
-        default=None,
-        metavar="VARIANT",
-        help=f"any of {', '.join(VARIANTS)} (default: all on a GPU; ours and eager on the CPU)",
-    )
-    parser.add_argument(
-        "--passes",
-        nargs="+",
-        choices=PASSES,
-        default=list(PASSES),
-        metavar="PASS",
-        help=f"any of {', '.join(PASSES)} (default: all; cross-entropy has fwd+bwd only, FP8 fwd only)",
-    )
+    choices_argument(parser, "--kernels", KERNELS, "KERNEL")
+    choices_argument(
+        parser, "--variants", VARIANTS, "VARIANT", all_by_default=False,
+        default_help="all on a GPU; ours and eager on the CPU",
+    )  # fmt: skip
+    choices_argument(
+        parser, "--passes", PASSES, "PASS",
+        default_help="all; cross-entropy has fwd+bwd only, FP8 fwd only",
+    )  # fmt: skip
     parser.add_argument(
         "--tune",
         action="store_true",
@@ -72,25 +57,20 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(interpreter_banner())
     torch.manual_seed(0)
     short = not ON_GPU or args.shape == ["tiny"] or "quick" in args.shape or args.tune
     bench_kw = {"warmup_ms": 50.0, "rep_ms": 200.0} if short else {}
-    if args.tune:
-        writer = ResultWriter(PHASE, subdir="tune")
-        run_cells(writer, tune_cells(args.dtype, bench_kw))
-        print(f"rows: {writer.path}")
+    if args.tune:  # the sweep's rows go to tune/, and no report reads them
+        with phase_run(PHASE, subdir="tune") as writer:
+            run_cells(writer, tune_cells(args.dtype, bench_kw))
         return
-    writer = ResultWriter(PHASE)
-    total = count_cells(args.kernels, args.variants, args.passes, args.shape)
-    run_cells(
-        writer, cells(args.kernels, args.variants, args.passes, args.shape, args.dtype, bench_kw), total=total
-    )
-    print(f"rows: {writer.path}")
-    if not args.no_report:
-        from common.report import render_phase
-
-        print(f"report: {render_phase(REPORT)}")
+    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
+        total = count_cells(args.kernels, args.variants, args.passes, args.shape)
+        run_cells(
+            writer,
+            cells(args.kernels, args.variants, args.passes, args.shape, args.dtype, bench_kw),
+            total=total,
+        )
 
 
 if __name__ == "__main__":
