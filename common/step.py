@@ -38,11 +38,13 @@ def measure_training_step(
     warmup: int = 2,
     steps: int = 5,
     seed: int = 0,
+    checkpoint: str = "none",
 ) -> StepResult:
     """Median step time and per-stage times over ``steps`` training steps after ``warmup`` ones.
 
     The warm-up steps absorb torch.compile's compilation and the kernels' autotuning; the peak
-    memory covers warm-up and timed steps alike, so it includes AdamW's state.
+    memory covers warm-up and timed steps alike, so it includes AdamW's state. ``checkpoint`` is the
+    model's activation checkpointing (one of ``tritonlab.models.CHECKPOINT_MODES``).
     """
     dtype = check_dtype(dtype_name)
     device = DEVICE
@@ -51,7 +53,7 @@ def measure_training_step(
         shape.batch, shape.m_context, shape.n_target, x_dim=cfg.x_dim, device=device, generator=generator
     )
     with measure_peak_memory() as mem:
-        model, optimizer = build(cfg, components, seed, device)
+        model, optimizer = build(cfg, components, seed, device, checkpoint=checkpoint)
         if compile_model:
             # A fresh, static compilation per cell: after a second shape dynamo would otherwise
             # recompile with dynamic shapes, a different (and here failing) program.

@@ -4,6 +4,11 @@ Every context point (x, y) and target point (x) becomes one token. All M+N token
 the M context tokens only -- a rectangular attention, (M+N) queries over M keys -- and a
 mixture-of-Gaussians head predicts y at each target. Later phases replace the attention,
 MLP, heads or loss with Triton kernels by passing their own :class:`Components`.
+
+Activation checkpointing (``TransformerNP(cfg, components, checkpoint=...)``, see
+:data:`CHECKPOINT_MODES`) trades recomputation in the backward for the activations a block would
+otherwise keep; it works with any components, since it only decides which of the block's calls
+run under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
 """
 
 import math
@@ -14,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint as _checkpoint
 
 # --- the four components, as plain functions --------------------------------------------------
 
@@ -104,6 +110,32 @@ class TNPConfig:
         return self.n_heads * self.head_dim
 
 
+# --- activation checkpointing -----------------------------------------------------------------
+
+CHECKPOINT_MODES: dict[str, str] = {
+    "none": "no recomputation: every block keeps its activations for the backward",
+    "block": "the whole block is recomputed in the backward; it keeps only its input",
+    "selective": "everything but the attention call is recomputed (norms, Q/K/V and output "
+    "projections, MLP); the attention's inputs, output and saved statistics are kept, so the "
+    "backward never reruns the attention",
+    "mlp": "only the MLP half (RMSNorm, W1, SiLU, W2) is recomputed; the attention half keeps "
+    "its activations",
+}
+
+
+def check_checkpoint(mode: str) -> str:
+    """``mode`` if it is one of :data:`CHECKPOINT_MODES`, else a ValueError naming the argument."""
+    if mode not in CHECKPOINT_MODES:
+        raise ValueError(f"checkpoint: unknown mode {mode!r}; expected one of {', '.join(CHECKPOINT_MODES)}")
+    return mode
+
+
+def _recomputed(fn, *args):
+    # Non-reentrant: gradients flow to parameters and to inputs that need none alike, autocast is
+    # replayed, and nested autograd functions (our kernels) save and restore their tensors as usual.
+    return _checkpoint(fn, *args, use_reentrant=False)
+
+
 # --- the model --------------------------------------------------------------------------------
 
 
@@ -116,6 +148,10 @@ class RectangularAttention(nn.Module):
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, h: Tensor, m_context: int) -> Tensor:
+        return self.project_out(self.components.attention(*self.project_in(h, m_context)))
+
+    def project_in(self, h: Tensor, m_context: int) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, M+N, D) from every token, k and v (B, H, M, D) from the context tokens."""
         B, L, _ = h.shape
         H, D = self.cfg.n_heads, self.cfg.head_dim
         q = self.wq(h).view(B, L, H, D).transpose(1, 2)
@@ -123,7 +159,11 @@ class RectangularAttention(nn.Module):
         # slicing K, V to [:, :, :M], without computing the N rows nobody reads.
         kv = self.wkv(h[:, :m_context]).view(B, m_context, 2, H, D)
         k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-        o = self.components.attention(q, k, v)
+        return q, k, v
+
+    def project_out(self, o: Tensor) -> Tensor:
+        """The attention output o (B, H, M+N, D) back to (B, M+N, d_model) through W_O."""
+        B, H, L, D = o.shape
         return self.wo(o.transpose(1, 2).reshape(B, L, H * D))
 
 
@@ -139,18 +179,51 @@ class Block(nn.Module):
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
-    def forward(self, h: Tensor, m_context: int) -> Tensor:
-        h = h + self.attn(self.attn_norm(h), m_context)
+    def forward(self, h: Tensor, m_context: int, checkpoint: str = "none") -> Tensor:
+        """The block; ``checkpoint`` (one of :data:`CHECKPOINT_MODES`) picks what the backward
+        recomputes instead of keeping. Every mode computes the same operations in the same order,
+        so the loss and the gradients are those of ``"none"``."""
+        if check_checkpoint(checkpoint) == "none" or not torch.is_grad_enabled():
+            return self._whole(h, m_context)
+        if checkpoint == "block":
+            return _recomputed(self._whole, h, m_context)
+        if checkpoint == "mlp":
+            return _recomputed(self._mlp_half, self._attention_half(h, m_context))
+        # "selective": the attention call alone runs outside the recomputed regions, so autograd
+        # keeps what it saves (its q, k, v, output and statistics) and its backward reads them.
+        q, k, v = _recomputed(self._qkv, h, m_context)
+        return _recomputed(self._after_attention, h, self.components.attention(q, k, v))
+
+    def _whole(self, h: Tensor, m_context: int) -> Tensor:
+        return self._mlp_half(self._attention_half(h, m_context))
+
+    def _attention_half(self, h: Tensor, m_context: int) -> Tensor:
+        return h + self.attn(self.attn_norm(h), m_context)
+
+    def _mlp_half(self, h: Tensor) -> Tensor:
         return h + self.components.mlp(self.mlp_norm(h), self.w1.weight, self.w2.weight)
+
+    def _qkv(self, h: Tensor, m_context: int) -> tuple[Tensor, Tensor, Tensor]:
+        return self.attn.project_in(self.attn_norm(h), m_context)
+
+    def _after_attention(self, h: Tensor, o: Tensor) -> Tensor:
+        return self._mlp_half(h + self.attn.project_out(o))
 
 
 class TransformerNP(nn.Module):
-    def __init__(self, cfg: TNPConfig = TNPConfig(), components: Components | None = None):
+    """``checkpoint``: which activations of each transformer block the backward recomputes instead
+    of keeping, one of :data:`CHECKPOINT_MODES` ("none", the default, recomputes nothing). It can be
+    changed on a built model (``model.checkpoint = "block"``); it leaves weights and results alone."""
+
+    def __init__(
+        self, cfg: TNPConfig = TNPConfig(), components: Components | None = None, checkpoint: str = "none"
+    ):
         super().__init__()
         if cfg.y_dim != 1:
             raise ValueError(
                 f"y_dim: the GMM head models a scalar target, so y_dim must be 1, got {cfg.y_dim}"
             )
+        self.checkpoint = checkpoint
         self.cfg = cfg
         self.components = components or Components()
         self.embed = nn.Linear(cfg.x_dim + cfg.y_dim + 1, cfg.d_model, bias=False)
@@ -164,6 +237,14 @@ class TransformerNP(nn.Module):
             nn.init.kaiming_uniform_(self.head_w1[k], a=math.sqrt(5))
             nn.init.kaiming_uniform_(self.head_w2[k], a=math.sqrt(5))
 
+    @property
+    def checkpoint(self) -> str:
+        return self._checkpoint
+
+    @checkpoint.setter
+    def checkpoint(self, mode: str) -> None:
+        self._checkpoint = check_checkpoint(mode)
+
     def tokens(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Tensor:
         """[x, y, is_target] per point; a target's y is zero, since it is what we predict."""
         B, N, _ = xt.shape
@@ -176,7 +257,7 @@ class TransformerNP(nn.Module):
         m_context = xc.shape[1]
         h = self.embed(self.tokens(xc, yc, xt))
         for block in self.blocks:
-            h = block(h, m_context)
+            h = block(h, m_context, self.checkpoint)
         # Only the target tokens feed the head: the loss reads nothing else.
         z = self.final_norm(h[:, m_context:]).reshape(-1, self.cfg.d_model)
         return self.components.heads(z, self.head_w1, self.head_w2)

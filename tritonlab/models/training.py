@@ -18,11 +18,14 @@ def check_dtype(name: str) -> torch.dtype | None:
     return DTYPES[name] if DTYPES[name] != torch.float32 else None
 
 
-def build(cfg: TNPConfig, components: Components, seed: int = 0, device=None) -> tuple:
-    """A freshly initialised model and its fused AdamW, the same weights for the same seed."""
+def build(
+    cfg: TNPConfig, components: Components, seed: int = 0, device=None, *, checkpoint: str = "none"
+) -> tuple:
+    """A freshly initialised model and its fused AdamW, the same weights for the same seed;
+    ``checkpoint`` is the model's activation checkpointing (``TransformerNP``'s argument)."""
     torch.manual_seed(seed)
     device = torch.device(device or default_device())
-    model = TransformerNP(cfg, components).to(device)
+    model = TransformerNP(cfg, components, checkpoint).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=device.type == "cuda")
     return model, optimizer
 

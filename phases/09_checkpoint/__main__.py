@@ -1,0 +1,142 @@
+"""Phase 09 -- activation checkpointing of the TransformerNP's blocks: does the larger batch it allows pay for its recompute?
+
+    python -m phases 09 --shape small mid                # or: just phase 09 --shape small mid
+    python -m phases 09 --shape large --no-search        # the shape's batch only: each step takes seconds
+
+Checkpointing keeps less of each block's activations for the backward and recomputes the rest, so
+a step costs more but a larger batch fits; the spec keeps it only if that larger batch's tokens/s
+beats the best tokens/s without it. For every shape and checkpoint mode (``--checkpoint``: none,
+block, selective, mlp -- ``tritonlab.models.CHECKPOINT_MODES`` says what each recomputes) it
+measures the whole training step (forward, backward, AdamW): median step time, tokens/s =
+B·(M+N) / step time and peak memory, first at the shape's batch, then at every batch a search for
+the largest batch that fits tries (doubling from the shape's batch up to ``--max-batch``, then
+bisection to within 1/8; every out-of-memory probe is a row with status "oom", never a crash). The
+report opens with a verdict per shape: best tokens/s with checkpointing over best tokens/s without.
+"""
+
+from common import ON_GPU, ResultWriter, interpreter_banner
+from common.cli import parse_phase_args, phase_parser
+from tritonlab.models import CHECKPOINT_MODES, DTYPES, SHAPES, resolve_shape
+
+from .bench import ATTENTIONS, CPU_CAP, GPU_CAP_FACTOR, Setup, model_config, run_phase
+from .report import REPORT
+
+PHASE = "09_checkpoint"
+
+
+def parse_args(argv=None):
+    parser = phase_parser(
+        PHASE,
+        __doc__.strip().splitlines()[0],
+        shapes=list(SHAPES),
+        gpu_shapes=("small", "mid"),
+        cpu_shapes=("tiny",),
+        dtypes=list(DTYPES),
+        default_dtype="bf16",
+        epilog="checkpoint modes:\n"
+        + "\n".join(f"  {name:10s} {what}" for name, what in CHECKPOINT_MODES.items())
+        + "\nshapes: "
+        + "; ".join(s.label() for s in SHAPES.values())
+        + ". --dtype bf16 is autocast over fp32 weights.",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        nargs="+",
+        choices=list(CHECKPOINT_MODES),
+        default=list(CHECKPOINT_MODES),
+        metavar="MODE",
+        help=f"checkpoint modes to measure, any of {', '.join(CHECKPOINT_MODES)} (default: all)",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=list(ATTENTIONS),
+        default=None,
+        help="the attention component: SDPA pinned to one backend, or the library's Triton kernels "
+        "(default: sdpa-cudnn on a GPU, sdpa-math on the CPU)",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile the model's loss (static, per cell)"
+    )
+    parser.add_argument("--batch", type=int, default=None, help="override every shape's batch size")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=10 if ON_GPU else 2,
+        help="timed steps at the shape's batch (default 10, at most 3 at large; 2 on the CPU)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2 if ON_GPU else 1,
+        help="untimed steps first (default 2, at most 1 at large; 1 on the CPU)",
+    )
+    search = parser.add_argument_group("the search for the largest batch that fits")
+    search.add_argument(
+        "--no-search", action="store_true", help="measure the shape's batch only; search nothing"
+    )
+    search.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help=f"the search's ceiling (default: {GPU_CAP_FACTOR}x the shape's batch on a GPU, "
+        f"{CPU_CAP} on the CPU)",
+    )
+    search.add_argument(
+        "--search-steps",
+        type=int,
+        default=3 if ON_GPU else 1,
+        help="timed steps per probe (default 3; 1 on the CPU)",
+    )
+    search.add_argument(
+        "--search-warmup",
+        type=int,
+        default=1,
+        help="untimed steps per probe; one puts AdamW's state in the peak (default: %(default)s)",
+    )
+    args = parse_phase_args(parser, argv)
+    for name in ("steps", "warmup", "batch", "max_batch", "search_steps", "search_warmup"):
+        value = getattr(args, name)
+        least = 0 if "warmup" in name else 1
+        if value is not None and value < least:
+            parser.error(f"--{name.replace('_', '-')}: must be >= {least}, got {value}")
+    if not ON_GPU and args.max_batch is not None and args.max_batch > 4 * CPU_CAP:
+        parser.error(f"--max-batch {args.max_batch}: at most {4 * CPU_CAP} in the CPU's interpreter")
+    args.attention = args.attention or ("sdpa-cudnn" if ON_GPU else "sdpa-math")
+    if not ON_GPU and args.attention.startswith("triton") and args.dtype == "bf16":
+        parser.error(
+            "--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp32 with Triton attention"
+        )
+    try:
+        args.shapes = [resolve_shape(name, args.batch) for name in args.shape]
+    except ValueError as err:
+        parser.error(str(err))
+    args.checkpoint = list(dict.fromkeys(args.checkpoint))  # each mode once, in the order given
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    print(interpreter_banner())
+    setup = Setup(
+        model_config(),
+        args.attention,
+        args.dtype,
+        compile_model=args.compile,
+        steps=args.steps,
+        warmup=args.warmup,
+        search_steps=args.search_steps,
+        search_warmup=args.search_warmup,
+    )
+    writer = ResultWriter(PHASE)
+    run_phase(
+        writer, setup, args.shapes, args.checkpoint, search=not args.no_search, max_batch=args.max_batch
+    )
+    print(f"rows: {writer.path}")
+    if not args.no_report:
+        from common.report import render_phase
+
+        print(f"report: {render_phase(REPORT)}")
+
+
+if __name__ == "__main__":
+    main()
