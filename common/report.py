@@ -142,10 +142,9 @@ class Figures:
         xlabel: str | None = None,
         ylabel: str | None = None,
         logx: bool = False,
-        logy: bool = False,
     ) -> str:
         """One line per value of ``series``; returns ``![title](figures/...)``. The title gets the GPU
-        appended (name dtype and shape in ``title``); a linear y-axis starts at zero."""
+        appended (name dtype and shape in ``title``); the y-axis is linear and starts at zero."""
         fig, ax = plt.subplots(figsize=(7, 4.2))
         ax.set_title(f"{title}\n{self.gpu}" if self.gpu else title, fontsize=10)  # a long title stays whole
         title = f"{title} — {self.gpu}" if self.gpu else title
@@ -154,10 +153,7 @@ class Figures:
         ax.set(xlabel=xlabel or x, ylabel=ylabel or y)
         if logx:
             ax.set_xscale("log")
-        if logy:
-            ax.set_yscale("log")
-        else:
-            ax.set_ylim(bottom=0)
+        ax.set_ylim(bottom=0)  # times and throughputs: a linear axis from zero, never a log one
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -212,7 +208,8 @@ class Verdict:
             return "not measured"
         if self.ratio >= self.goal:
             return "met"
-        return f"missed by {100 * (1 - self.ratio / self.goal):.0f}%"
+        short = 100 * (1 - self.ratio / self.goal)
+        return f"missed by {short:.1f}%" if short < 1 else f"missed by {short:.0f}%"  # never "by 0%"
 
     def as_row(self) -> dict:
         return {

@@ -63,7 +63,6 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
             "title": f"GMM heads forward+backward, {dtypes}, every shape",
             "xlabel": "target rows",
             "ylabel": "ms",
-            "logy": True,
         },
         unplotted=("grouped+nll",),
     )

@@ -6,6 +6,7 @@ import pytest
 from common.report import (
     CPU_GPU_LABEL,
     PhaseReport,
+    Verdict,
     add_speedup,
     best_baseline_verdict,
     format_number,
@@ -110,3 +111,8 @@ def test_cpu_rows_get_no_times_ratios_or_verdicts(tmp_path):
     assert "measure" in text and "## Verdict" not in text and "met" not in text
     smoke = text.split("CPU smoke runs", 1)[1]
     assert "10.0" not in smoke and "| ms" not in smoke  # no times shown
+
+
+def test_a_narrow_miss_is_not_rounded_to_zero():
+    near = Verdict("p", "cell", "ours", "base", ratio=0.9968, goal=1.0, gpu="g", utc="2026-11-25")
+    assert near.verdict() == "missed by 0.3%"
