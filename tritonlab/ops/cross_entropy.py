@@ -31,6 +31,7 @@ bf16 on the H100 (3.60 ms against 3.95 ms at 32 KB: more bytes in flight per SM)
 and registers per thread). The interpreter runs small blocks faster.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -96,48 +97,210 @@ def _cross_entropy_fwd_kernel(
     MEAN: tl.constexpr,
     COMPUTE_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    # The options: all off (the defaults, None / 0.0) specialise to exactly the kernel above them.
+    WEIGHT=None,
+    WEIGHT_STATS=None,
+    LSE_SQ=None,
+    smoothing=0.0,
+    softcap=1.0,
+    lse_square_scale=0.0,
+    HAS_WEIGHT: tl.constexpr = False,
+    HAS_SMOOTHING: tl.constexpr = False,
+    HAS_SOFTCAP: tl.constexpr = False,
+    HAS_ZLOSS: tl.constexpr = False,
 ):
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row_logits = LOGITS + tl.cast(row, tl.int64) * stride_logits
         target = tl.load(TARGET + row).to(tl.int64)
         ignored = target == ignore_index
-        # Sweep 1: online logsumexp.
-        lse = _row_logsumexp(row_logits, n_cols, BLOCK_V)
-        # A target out of range is never read; its row's loss and gradient become NaN, and the
-        # host raises unless the caller turned the check off.
-        bad = ~ignored & ((target < 0) | (target >= n_cols))
-        x_target = tl.load(row_logits + target, mask=~ignored & ~bad, other=float("nan")).to(tl.float32)
-        tl.store(LOSS + row, tl.where(ignored, 0.0, lse - x_target))
-        if COMPUTE_GRAD:
-            scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), inv_n))
-            row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
-            # Sweep 2: the row is still in L2; write the gradient once.
-            for start in range(0, n_cols, BLOCK_V):
-                cols = start + tl.arange(0, BLOCK_V)
-                mask = cols < n_cols
-                # (a new name: reusing sweep 1's `x` would make it a loop-carried variable of another type)
-                logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-                p = tl.exp(logit.to(tl.float32) - lse)
-                g = tl.where(cols == target, p - 1.0, p) * scale
-                tl.store(
-                    row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first"
-                )
+        if HAS_WEIGHT or HAS_SMOOTHING or HAS_SOFTCAP or HAS_ZLOSS:
+            _options_row(
+                row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, LSE_SQ, inv_n, n_cols,
+                stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS,
+            )  # fmt: skip
+        else:
+            _plain_row(
+                row_logits,
+                target,
+                ignored,
+                row,
+                LOSS,
+                GRAD,
+                inv_n,
+                n_cols,
+                stride_grad,
+                COMPUTE_GRAD,
+                BLOCK_V,
+            )
 
 
 @triton.jit
-def _target_stats_kernel(TARGET, STATS, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr):
-    """STATS = (targets that are not ignored, targets out of [0, n_cols) that are not ignored)."""
+def _plain_row(
+    row_logits, target, ignored, row, LOSS, GRAD, inv_n, n_cols, stride_grad, COMPUTE_GRAD, BLOCK_V
+):
+    """One row without options: ``loss = lse - x[t]``, ``grad = (softmax(x) - onehot(t)) * scale``."""
+    # Sweep 1: online logsumexp.
+    lse = _row_logsumexp(row_logits, n_cols, BLOCK_V)
+    # A target out of range is never read; its row's loss and gradient become NaN, and the
+    # host raises unless the caller turned the check off.
+    bad = ~ignored & ((target < 0) | (target >= n_cols))
+    x_target = tl.load(row_logits + target, mask=~ignored & ~bad, other=float("nan")).to(tl.float32)
+    tl.store(LOSS + row, tl.where(ignored, 0.0, lse - x_target))
+    if COMPUTE_GRAD:
+        scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), inv_n))
+        row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
+        # Sweep 2: the row is still in L2; write the gradient once.
+        for start in range(0, n_cols, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            mask = cols < n_cols
+            # (a new name: reusing sweep 1's `x` would make it a loop-carried variable of another type)
+            logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+            p = tl.exp(logit.to(tl.float32) - lse)
+            g = tl.where(cols == target, p - 1.0, p) * scale
+            tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+
+
+@triton.jit
+def _softcapped(x, softcap, mask, HAS_SOFTCAP: tl.constexpr):
+    """(z, tanh(x / softcap)) with z = softcap * tanh(x / softcap) where ``mask``, -inf elsewhere; without
+    a softcap z = x (and the second value is unused). tanh(u) = 1 - 2 / (exp(2u) + 1): exact limits
+    +-1 at +-inf, no libdevice call (the interpreter runs it)."""
+    if HAS_SOFTCAP:
+        t = 1.0 - 2.0 / (tl.exp(2.0 * x / softcap) + 1.0)
+        z = tl.where(mask, softcap * t, float("-inf"))
+    else:
+        t = x
+        z = x
+    return z, t
+
+
+@triton.jit
+def _row_stats(row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP):
+    """Sweep 1 with options: (logsumexp(z), sum over classes of w_c * z_c) for z the (softcapped)
+    logits; the sum only with label smoothing (w_c = 1 without a weight). Prefetches like
+    ``_row_logsumexp``."""
+    running_max = float("-inf")
+    running_sum = 0.0
+    weighted_z = 0.0
+    cols = tl.arange(0, BLOCK_V)
+    x = tl.load(row_logits + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_last")
+    for start in range(BLOCK_V, n_cols + BLOCK_V, BLOCK_V):
+        next_cols = start + tl.arange(0, BLOCK_V)
+        x_next = tl.load(
+            row_logits + next_cols, mask=next_cols < n_cols, other=float("-inf"), eviction_policy="evict_last"
+        )
+        mask = cols < n_cols
+        z, _ = _softcapped(x.to(tl.float32), softcap, mask, HAS_SOFTCAP)
+        new_max = tl.maximum(running_max, tl.max(z, axis=0))
+        running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(z - new_max), axis=0)
+        running_max = new_max
+        if HAS_SMOOTHING:
+            if HAS_WEIGHT:
+                w = tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
+                weighted_z += tl.sum(w * tl.where(mask, z, 0.0), axis=0)
+            else:
+                weighted_z += tl.sum(tl.where(mask, z, 0.0), axis=0)
+        x = x_next
+        cols = next_cols
+    return running_max + tl.log(running_sum), weighted_z
+
+
+@triton.jit
+def _options_row(
+    row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, LSE_SQ, inv_n, n_cols, stride_grad,
+    smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS,
+):  # fmt: skip
+    """One row with options, z the (softcapped) logits, w the class weights (1 without), eps the
+    smoothing, C = n_cols, W = sum of w:
+
+        loss = (1 - eps) * w_t * (lse - z_t) + eps / C * (W * lse - sum_c w_c z_c)   [F.cross_entropy]
+        dloss/dz_c = ((1 - eps) * w_t + eps / C * W) * p_c - (1 - eps) * w_t * [c == t] - eps / C * w_c
+
+    both times the mean's 1 / (sum of w_t over counted rows); the z-loss lse**2 (stored apart, for
+    the host to add times its scale) adds 2 * scale * lse * p_c, times the mean's 1 / (counted rows).
+    The softcap's derivative, 1 - tanh**2, multiplies the gradient of z."""
+    lse, weighted_z = _row_stats(
+        row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP
+    )
+    bad = ~ignored & ((target < 0) | (target >= n_cols))
+    read = ~ignored & ~bad
+    x_target = tl.load(row_logits + target, mask=read, other=float("nan")).to(tl.float32)
+    z_target, _ = _softcapped(x_target, softcap, read, HAS_SOFTCAP)
+    z_target = tl.where(read, z_target, float("nan"))
+    w_target = tl.load(WEIGHT + target, mask=read, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+    ce_scale = inv_n
+    if HAS_WEIGHT and MEAN:
+        ce_scale = 1.0 / tl.load(WEIGHT_STATS + 1)
+    n_cols_f = n_cols * 1.0  # (n_cols == 1 arrives as a constexpr)
+    if HAS_SMOOTHING:
+        w_total = tl.load(WEIGHT_STATS).to(tl.float32) if HAS_WEIGHT else n_cols_f
+        hit = (1.0 - smoothing) * w_target
+        loss = hit * (lse - z_target) + smoothing / n_cols_f * (w_total * lse - weighted_z)
+        p_factor = hit + smoothing / n_cols_f * w_total
+    else:
+        hit = w_target
+        loss = hit * (lse - z_target)
+        p_factor = hit
+    tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
+    if HAS_ZLOSS:
+        tl.store(LSE_SQ + row, tl.where(ignored, 0.0, tl.where(bad, float("nan"), lse * lse)))
+    if COMPUTE_GRAD:
+        row_scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), 1.0))
+        ce_scale = ce_scale * row_scale
+        p_scale = p_factor * ce_scale
+        if HAS_ZLOSS:
+            p_scale += 2.0 * lse_square_scale * lse * inv_n * row_scale
+        hit_scale = hit * ce_scale
+        spread = smoothing / n_cols_f * ce_scale
+        row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
+        for start in range(0, n_cols, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            mask = cols < n_cols
+            logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+            z, t = _softcapped(logit.to(tl.float32), softcap, mask, HAS_SOFTCAP)
+            g = tl.exp(z - lse) * p_scale
+            g = tl.where(cols == target, g - hit_scale, g)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    g -= spread * tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    g -= spread
+            if HAS_SOFTCAP:
+                g *= 1.0 - t * t
+            tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+
+
+@triton.jit
+def _target_stats_kernel(
+    TARGET, STATS, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr, WEIGHT=None, WEIGHT_STATS=None
+):
+    """STATS = (targets that are not ignored, targets out of [0, n_cols) that are not ignored); with
+    class weights also WEIGHT_STATS = (sum of the weights, sum of w[target] over counted targets)."""
     n_valid = tl.zeros([BLOCK], dtype=tl.int32)
     n_bad = tl.zeros([BLOCK], dtype=tl.int32)
+    if WEIGHT is not None:
+        w_target = tl.zeros([BLOCK], dtype=tl.float32)
+        w_total = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, n_rows, BLOCK):
         rows = start + tl.arange(0, BLOCK)
         target = tl.load(TARGET + rows, mask=rows < n_rows, other=ignore_index)
         counted = target != ignore_index
         n_valid += counted.to(tl.int32)
-        n_bad += (counted & ((target < 0) | (target >= n_cols))).to(tl.int32)
+        bad = counted & ((target < 0) | (target >= n_cols))
+        n_bad += bad.to(tl.int32)
+        if WEIGHT is not None:
+            w_target += tl.load(WEIGHT + target, mask=counted & ~bad, other=0.0).to(tl.float32)
     tl.store(STATS, tl.sum(n_valid, axis=0))
     tl.store(STATS + 1, tl.sum(n_bad, axis=0))
+    if WEIGHT is not None:
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            w_total += tl.load(WEIGHT + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        tl.store(WEIGHT_STATS, tl.sum(w_total, axis=0))
+        tl.store(WEIGHT_STATS + 1, tl.sum(w_target, axis=0))
 
 
 @triton.jit
@@ -157,11 +320,39 @@ def _scale_rows_kernel(GRAD, DLOSS, n_cols, stride_grad, stride_dloss, BLOCK: tl
 REDUCTIONS = ("mean", "sum", "none")
 
 
+@dataclass(frozen=True)
+class CrossEntropyOptions:
+    """The options beyond ``F.cross_entropy``'s defaults; ``None`` (or all defaults) is the plain loss."""
+
+    weight: torch.Tensor | None = None
+    label_smoothing: float = 0.0
+    softcap: float | None = None
+    lse_square_scale: float = 0.0
+
+    @property
+    def plain(self) -> bool:
+        return (
+            self.weight is None
+            and self.label_smoothing == 0.0
+            and self.softcap is None
+            and self.lse_square_scale == 0.0
+        )
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, logits, target, ignore_index, reduction, inplace, check_targets, settings=DEFAULT_SETTINGS
+        ctx,
+        logits,
+        target,
+        ignore_index,
+        reduction,
+        inplace,
+        check_targets,
+        settings=DEFAULT_SETTINGS,
+        options: CrossEntropyOptions | None = None,
     ):
+        options = options if options is not None and not options.plain else None
         shape = logits.shape
         rows = as_rows(logits)
         n_rows, n_cols = rows.shape
@@ -177,8 +368,33 @@ class CrossEntropyFunction(torch.autograd.Function):
             grad = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         stats = torch.empty(2, dtype=torch.int32, device=logits.device)  # (not ignored, out of range)
-        _target_stats_kernel[(1,)](target, stats, n_rows, n_cols, ignore_index, BLOCK=1024)
+        weight = options.weight if options is not None else None
+        # (sum of the class weights, sum of the counted targets' weights)
+        weight_stats = (
+            torch.empty(2, dtype=torch.float32, device=logits.device) if weight is not None else None
+        )
+        _target_stats_kernel[(1,)](
+            target, stats, n_rows, n_cols, ignore_index, BLOCK=1024, WEIGHT=weight, WEIGHT_STATS=weight_stats
+        )
         stats_seen = _stats_to_host(stats) if check_targets else None
+        lse_sq = None
+        option_args = {}
+        if options is not None:
+            has_zloss = options.lse_square_scale != 0.0
+            if has_zloss:
+                lse_sq = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+            option_args = dict(
+                WEIGHT=weight,
+                WEIGHT_STATS=weight_stats,
+                LSE_SQ=lse_sq,
+                smoothing=float(options.label_smoothing),
+                softcap=float(options.softcap or 1.0),
+                lse_square_scale=float(options.lse_square_scale),
+                HAS_WEIGHT=weight is not None,
+                HAS_SMOOTHING=options.label_smoothing != 0.0,
+                HAS_SOFTCAP=options.softcap is not None,
+                HAS_ZLOSS=has_zloss,
+            )
         _cross_entropy_fwd_kernel[(persistent_programs(n_rows, settings.programs_per_sm),)](
             rows,
             target,
@@ -194,6 +410,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             COMPUTE_GRAD=compute_grad,
             BLOCK_V=settings.block_v(rows.element_size()),
             num_warps=settings.num_warps,
+            **option_args,
         )
         # The range check waits only for the small stats kernel, and only after the main kernel is
         # queued behind it, so the GPU never idles for it; the main kernel never reads out of bounds
@@ -202,11 +419,20 @@ class CrossEntropyFunction(torch.autograd.Function):
             _raise_out_of_range(target, ignore_index, n_cols)
         ctx.grad = grad.view(shape) if compute_grad else None
         ctx.reduction = reduction
+        # F.cross_entropy's dtype: the logits' own, float32 under autocast (its float32 policy, which
+        # upcasts the logits: the same values as reading them in float32 here, without the copy).
+        out_dtype = torch.float32 if torch.is_autocast_enabled(logits.device.type) else logits.dtype
+        scale = options.lse_square_scale if lse_sq is not None else 0.0
         if reduction == "mean":
-            return loss_rows.sum() / stats[0]
+            ce = loss_rows.sum() / (weight_stats[1] if weight is not None else stats[0])
+            if lse_sq is not None:
+                ce = ce + scale * lse_sq.sum() / stats[0]
+            return ce.to(out_dtype)
+        if lse_sq is not None:
+            loss_rows = loss_rows + scale * lse_sq
         if reduction == "sum":
-            return loss_rows.sum()
-        return loss_rows.view(shape[:-1])
+            return loss_rows.sum().to(out_dtype)
+        return loss_rows.view(shape[:-1]).to(out_dtype)
 
     @staticmethod
     def backward(ctx, dloss):
@@ -228,10 +454,10 @@ class CrossEntropyFunction(torch.autograd.Function):
             BLOCK=_SCALE_BLOCK,
             num_warps=8,
         )
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
-def _check(logits, target, ignore_index, reduction):
+def _check(logits, target, ignore_index, reduction, options: CrossEntropyOptions):
     check_tensor("logits", logits)
     if logits.dim() < 2:
         raise ValueError(
@@ -250,6 +476,33 @@ def _check(logits, target, ignore_index, reduction):
         raise ValueError(f"target: on {target.device}, but logits are on {logits.device}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise ValueError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+    weight = options.weight
+    if weight is not None:
+        # F.cross_entropy wants the logits' dtype; float32 is taken too (the kernel reads it in float32).
+        check_tensor("weight", weight, dtypes=(logits.dtype, torch.float32), ndim=1)
+        if weight.shape[0] != logits.shape[-1]:
+            raise ValueError(
+                f"weight: expected one weight per class, shape ({logits.shape[-1]},), got {tuple(weight.shape)}"
+            )
+        if weight.device != logits.device:
+            raise ValueError(f"weight: on {weight.device}, but logits are on {logits.device}")
+        if weight.stride(0) != 1:
+            raise ValueError("weight: expected a contiguous tensor")
+        if weight.requires_grad:
+            raise ValueError(
+                "weight: class weights get no gradient (as in F.cross_entropy); pass weight.detach()"
+            )
+    smoothing = options.label_smoothing
+    if not isinstance(smoothing, int | float) or not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"label_smoothing: expected a number in [0, 1], got {smoothing!r}")
+    cap = options.softcap
+    if cap is not None and (not isinstance(cap, int | float) or not 0.0 < cap < math.inf):
+        raise ValueError(f"softcap: expected None or a finite number > 0, got {cap!r}")
+    scale = options.lse_square_scale
+    if not isinstance(scale, int | float) or not 0.0 <= scale < math.inf:
+        raise ValueError(f"lse_square_scale: expected a finite number >= 0, got {scale!r}")
 
 
 # Per device, a page-locked landing buffer for the two counts; each call reads it before returning,
@@ -288,33 +541,76 @@ def _raise_out_of_range(target, ignore_index, vocab):
 def cross_entropy(
     logits: torch.Tensor,
     target: torch.Tensor,
+    weight: torch.Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    softcap: float | None = None,
+    lse_square_scale: float = 0.0,
+    *,
     inplace: bool = False,
     check_targets: bool = True,
 ) -> torch.Tensor:
     """Cross-entropy of ``logits`` (..., V) against ``target`` (...), like ``F.cross_entropy``.
 
-    The loss is fp32. With ``inplace=True`` the gradient is written over the logits (saving their
-    size in memory); the caller's logits are then gone, so use it only when nothing else needs them.
-    A second backward through the same graph (``retain_graph=True``) is refused.
+    The loss has the logits' dtype (float32 under ``torch.autocast``, F.cross_entropy's policy); it is
+    accumulated in float32. ``weight`` (V,), ``ignore_index``, ``reduction`` and ``label_smoothing``
+    mean what they mean in ``F.cross_entropy`` (the mean divides by the summed weights of the
+    counted targets). Beyond it:
 
-    A target outside [0, V) that is not ``ignore_index`` raises ``ValueError``. Finding out waits
-    for the GPU (one sync per call, after all the work is queued); ``check_targets=False`` skips
-    it for callers that validate targets upstream: such a row's loss and gradient are then NaN.
+    - ``softcap``: the logits become ``softcap * tanh(logits / softcap)`` before the softmax (Gemma 2);
+    - ``lse_square_scale``: adds ``lse_square_scale * logsumexp(z)**2`` to each counted token's loss
+      (z-loss, PaLM); with ``reduction="mean"`` that term is averaged over the counted tokens
+      (unweighted, as Liger-Kernel does).
+
+    With ``inplace=True`` the gradient is written over the logits (saving their size in memory); the
+    caller's logits are then gone, so use it only when nothing else needs them. A second backward
+    through the same graph (``retain_graph=True``) is refused.
+
+    A target outside [0, V) that is not ``ignore_index`` raises ``ValueError``. Finding out reads a
+    count from the device: one wait per call for a small kernel queued before the main one (the GPU
+    never idles for it); ``check_targets=False`` skips it for callers that validate targets upstream:
+    such a row's loss and gradient are then NaN. All other checks read no device memory.
     """
-    _check(logits, target, ignore_index, reduction)
-    return CrossEntropyFunction.apply(logits, target, ignore_index, reduction, inplace, check_targets)
+    options = CrossEntropyOptions(weight, label_smoothing, softcap, lse_square_scale)
+    _check(logits, target, ignore_index, reduction, options)
+    return CrossEntropyFunction.apply(
+        logits, target, ignore_index, reduction, inplace, check_targets, DEFAULT_SETTINGS, options
+    )
 
 
 class CrossEntropyLoss(torch.nn.Module):
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean"):
+    """``torch.nn.CrossEntropyLoss`` on the Triton kernels, with :func:`cross_entropy`'s options
+    (``weight`` is a buffer, so it follows the module's ``.to()``)."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        softcap: float | None = None,
+        lse_square_scale: float = 0.0,
+    ):
         super().__init__()
+        self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
         self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.softcap = softcap
+        self.lse_square_scale = lse_square_scale
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(logits, target, self.ignore_index, self.reduction)
+        return cross_entropy(
+            logits,
+            target,
+            self.weight,
+            self.ignore_index,
+            self.reduction,
+            self.label_smoothing,
+            self.softcap,
+            self.lse_square_scale,
+        )
 
 
 __all__ = ["CrossEntropyLoss", "cross_entropy"]
