@@ -15,6 +15,7 @@ size times the rows and padded width a program holds -- and the GPU's shared mem
 prefetched copies would not fit runs unpipelined, so float32 and 65 536-wide rows always launch.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +44,31 @@ DEFAULT_SETTINGS = RMSNormSettings()
 
 
 @triton.jit
+def _effective_weight(W, cols, col_ok, offset, HAS_OFFSET: tl.constexpr):
+    """The weight in fp32, plus the offset (Gemma's ``offset + w``) where there is one."""
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if HAS_OFFSET:
+        w = tl.where(col_ok, w + offset, 0.0)
+    return w
+
+
+@triton.jit
 def _rms_norm_fwd_kernel(
-    X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+    X,
+    W,
+    Y,
+    RSTD,
+    n_rows,
+    n_cols,
+    stride_x,
+    stride_y,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    # weight=None (W None) and the offset: the defaults specialise to exactly the plain kernel.
+    offset=0.0,
+    HAS_WEIGHT: tl.constexpr = True,
+    HAS_OFFSET: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -53,9 +77,10 @@ def _rms_norm_fwd_kernel(
     mask = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)  # rows x stride can pass 2**31
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if HAS_WEIGHT:
+        w = _effective_weight(W, cols, col_ok, offset, HAS_OFFSET)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-    y = x * rstd[:, None] * w[None, :]
+    y = x * rstd[:, None] * w[None, :] if HAS_WEIGHT else x * rstd[:, None]
     tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
@@ -76,12 +101,16 @@ def _rms_norm_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    offset=0.0,
+    HAS_WEIGHT: tl.constexpr = True,
+    HAS_OFFSET: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if HAS_WEIGHT:
+        w = _effective_weight(W, cols, col_ok, offset, HAS_OFFSET)
+        dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     for block in tl.range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=NUM_STAGES):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_rows
@@ -91,12 +120,14 @@ def _rms_norm_bwd_kernel(
         dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
         xhat = x * rstd[:, None]
-        dyw = dy * w[None, :]
+        dyw = dy * w[None, :] if HAS_WEIGHT else dy
         mean_dyw_xhat = tl.sum(dyw * xhat, axis=1) / n_cols
         dx = (dyw - xhat * mean_dyw_xhat[:, None]) * rstd[:, None]
         tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-        dw += tl.sum(dy * xhat, axis=0)
-    tl.store(DW_PARTIAL + pid * n_cols + cols, dw, mask=col_ok)
+        if HAS_WEIGHT:
+            dw += tl.sum(dy * xhat, axis=0)
+    if HAS_WEIGHT:
+        tl.store(DW_PARTIAL + pid * n_cols + cols, dw, mask=col_ok)
 
 
 @triton.jit
@@ -114,20 +145,25 @@ def _sum_partials_kernel(PARTIAL, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, B
     tl.store(OUT + cols, acc.to(OUT.dtype.element_ty), mask=col_ok)
 
 
-def _check(x, weight, eps):
+def _check(x, weight, eps, offset=0.0):
     check_tensor("x", x)
-    check_tensor("weight", weight)
     if x.dim() < 1:
         raise ValueError("x: expected at least one dimension (the hidden size last)")
-    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(
-            f"weight: expected shape ({x.shape[-1]},) to match x's last dimension, got {tuple(weight.shape)}"
-        )
-    if weight.device != x.device:
-        raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
+    if weight is not None:
+        check_tensor("weight", weight)
+        if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+            raise ValueError(
+                f"weight: expected shape ({x.shape[-1]},) to match x's last dimension, got {tuple(weight.shape)}"
+            )
+        if weight.device != x.device:
+            raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
     check_row_width("x", x.shape[-1])
-    if not eps > 0:
-        raise ValueError(f"eps: must be positive, got {eps}")
+    if not isinstance(eps, int | float) or not eps > 0:
+        raise ValueError(f"eps: must be a positive number, got {eps!r}")
+    if not isinstance(offset, int | float) or not math.isfinite(offset):
+        raise ValueError(f"offset: expected a finite number, got {offset!r}")
+    if offset != 0.0 and weight is None:
+        raise ValueError("offset: scales the weight (x_hat * (offset + weight)); it needs a weight")
 
 
 def _bwd_stages(tile_bytes: int, settings: RMSNormSettings) -> int:
@@ -137,7 +173,9 @@ def _bwd_stages(tile_bytes: int, settings: RMSNormSettings) -> int:
     return settings.bwd_stages if need <= settings.pipeline_smem_bytes and fits_shared_memory(need) else 1
 
 
-def _forward(x2: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    x2: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """y and the per-row reciprocal RMS of the (rows, width) view ``x2``."""
     n_rows, n_cols = x2.shape
     y = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
@@ -156,19 +194,37 @@ def _forward(x2: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=num_warps,
+        **_option_args(weight, offset),
     )
     return y, rstd
 
 
-def _backward(dy2, x2, weight, rstd, settings: RMSNormSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """dx (rows, width) and dweight: the row kernel, then the sum of its per-program partial dW."""
+def _option_args(weight, offset: float) -> dict:
+    """Nothing for the plain path (a weight, no offset): its launch stays the specialisation it was."""
+    args = {}
+    if weight is None:
+        args["HAS_WEIGHT"] = False
+    if offset != 0.0:
+        args.update(offset=float(offset), HAS_OFFSET=True)
+    return args
+
+
+def _backward(
+    dy2, x2, weight, rstd, settings: RMSNormSettings, offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """dx (rows, width) and dweight (None without a weight): the row kernel, then the sum of its
+    per-program partial dW."""
     n_rows, n_cols = x2.shape
     dx = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
     block_m, block_n, num_warps = row_block_settings(n_cols)
     # As many programs as fill bwd_warps_per_sm warps on each SM; few enough that the partial sums stay small.
     per_sm = max(1, settings.bwd_warps_per_sm // num_warps)
     n_programs = persistent_programs(triton.cdiv(n_rows, block_m), per_sm)
-    partial = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x2.device)
+    partial = (
+        torch.empty((n_programs, n_cols), dtype=torch.float32, device=x2.device)
+        if weight is not None
+        else None
+    )
     _rms_norm_bwd_kernel[(n_programs,)](
         dy2,
         x2,
@@ -185,7 +241,10 @@ def _backward(dy2, x2, weight, rstd, settings: RMSNormSettings) -> tuple[torch.T
         BLOCK_N=block_n,
         NUM_STAGES=_bwd_stages(block_m * block_n * x2.element_size(), settings),
         num_warps=num_warps,
+        **_option_args(weight, offset),
     )
+    if weight is None:
+        return dx, None
     dw = torch.empty_like(weight)
     block_c = min(64, triton.next_power_of_2(n_cols))  # narrow column strips: many programs
     _sum_partials_kernel[(triton.cdiv(n_cols, block_c),)](
@@ -196,37 +255,82 @@ def _backward(dy2, x2, weight, rstd, settings: RMSNormSettings) -> tuple[torch.T
 
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps, settings=DEFAULT_SETTINGS):
+    def forward(ctx, x, weight, eps, settings=DEFAULT_SETTINGS, offset=0.0):
         x2 = as_rows(x)
-        y, rstd = _forward(x2, weight, eps)
+        y, rstd = _forward(x2, weight, eps, offset)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.x_shape = x.shape
         ctx.settings = settings
+        ctx.offset = offset
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
-        dx, dw = _backward(as_rows(dy), x2, weight, rstd, ctx.settings)
-        return dx.view(ctx.x_shape), dw, None, None
+        dx, dw = _backward(as_rows(dy), x2, weight, rstd, ctx.settings, ctx.offset)
+        return dx.view(ctx.x_shape), dw, None, None, None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm over the last dimension of ``x`` (any leading shape, width up to 65 536), fp32 inside."""
-    _check(x, weight, eps)
-    return RMSNormFunction.apply(x, weight, eps)
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, offset: float = 0.0
+) -> torch.Tensor:
+    """RMSNorm over the last dimension of ``x`` (any leading shape, width up to 65 536), fp32 inside:
+    ``x_hat * weight`` with ``x_hat = x / sqrt(mean(x**2) + eps)``; ``x_hat`` alone when ``weight`` is
+    None; ``x_hat * (offset + weight)`` with an ``offset`` (Gemma's ``1 + weight``: ``offset=1.0``).
+    The weight's gradient is that of ``weight`` itself (the offset is a constant)."""
+    _check(x, weight, eps, offset)
+    return RMSNormFunction.apply(x, weight, eps, DEFAULT_SETTINGS, offset)
 
 
 class RMSNorm(torch.nn.Module):
-    """``torch.nn.RMSNorm``-like module on the Triton kernels (weight initialised to ones)."""
+    """``torch.nn.RMSNorm`` on the Triton kernels: ``RMSNorm(normalized_shape, eps, elementwise_affine,
+    device, dtype)``, over the last dimension only (``normalized_shape`` an int or a 1-tuple). The
+    weight starts at ones; without ``elementwise_affine`` there is none (``self.weight is None``).
+    ``eps=None`` is ``torch.finfo(x.dtype).eps``, as in PyTorch; the default stays 1e-6.
+    ``offset`` (keyword) multiplies by ``offset + weight`` (Gemma: ``offset=1.0``, weight from zeros)."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None):
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int] | list[int] | torch.Size,
+        eps: float | None = 1e-6,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        offset: float = 0.0,
+    ):
         super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if len(shape) != 1:
+            raise ValueError(
+                f"normalized_shape: only the last dimension is normalised here; expected an int or a "
+                f"1-tuple, got {normalized_shape!r}"
+            )
+        if offset != 0.0 and not elementwise_affine:
+            raise ValueError("offset: scales the weight, but elementwise_affine=False has none")
+        self.normalized_shape = shape
         self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.elementwise_affine = elementwise_affine
+        self.offset = offset
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            # offset + weight starts at 1: ones without an offset, Gemma's zeros with offset=1.
+            torch.nn.init.constant_(self.weight, 1.0 - self.offset)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}" + (
+            f", offset={self.offset}" if self.offset else ""
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        eps = torch.finfo(x.dtype).eps if self.eps is None and x.is_floating_point() else self.eps
+        return rms_norm(x, self.weight, eps if eps is not None else 1e-6, self.offset)
 
 
 __all__ = ["RMSNorm", "rms_norm"]
