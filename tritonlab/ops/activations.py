@@ -1,4 +1,4 @@
-"""GELU (exact or tanh) and SwiGLU, ``silu(gate) * up``: element-wise, so they are only as fast as memory.
+"""GELU (exact or tanh), SwiGLU, ``silu(gate) * up``, and GEGLU, ``gelu_tanh(gate) * up``: element-wise, so they are only as fast as memory.
 
 Each program takes a contiguous 4096-element slice (16 elements, two 16-byte vectors of bf16, per
 thread), computes in fp32 and writes in the input's dtype. The backward kernels recompute the
@@ -82,6 +82,28 @@ def _swiglu_bwd_kernel(DY, GATE, UP, DGATE, DUP, n, BLOCK: tl.constexpr):
     tl.store(DUP + offs, (dy * silu).to(DUP.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _geglu_fwd_kernel(GATE, UP, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(GATE + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + offs, mask=mask, other=0.0).to(tl.float32)
+    act, _ = _gelu_and_slope(g, True)
+    tl.store(Y + offs, (act * u).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _geglu_bwd_kernel(DY, GATE, UP, DGATE, DUP, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + offs, mask=mask, other=0.0).to(tl.float32)
+    act, slope = _gelu_and_slope(g, True)
+    tl.store(DGATE + offs, (dy * u * slope).to(DGATE.dtype.element_ty), mask=mask)
+    tl.store(DUP + offs, (dy * act).to(DUP.dtype.element_ty), mask=mask)
+
+
 def _grid(n: int) -> tuple[int]:
     return (triton.cdiv(n, BLOCK),)
 
@@ -150,6 +172,35 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return SwiGLUFunction.apply(gate, up)
 
 
+class GEGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):
+        gate, up = _dense(gate), _dense(up)
+        y = torch.empty_like(gate)
+        _geglu_fwd_kernel[_grid(gate.numel())](gate, up, y, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS)
+        ctx.save_for_backward(gate, up)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        dy = _dense(dy)
+        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+        _geglu_bwd_kernel[_grid(gate.numel())](
+            dy, gate, up, dgate, dup, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS
+        )
+        return dgate, dup
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` (Gemma, T5 MLPs) in one pass, rounded once; the
+    backward recomputes the GELU and its slope from the saved inputs, also in one pass."""
+    check_tensor("gate", gate)
+    check_tensor("up", up)
+    check_same("up", up, "gate", gate)
+    return GEGLUFunction.apply(gate, up)
+
+
 class GELU(torch.nn.Module):
     def __init__(self, approximate: str = "none"):
         super().__init__()
@@ -167,4 +218,12 @@ class SwiGLU(torch.nn.Module):
         return swiglu(gate, up)
 
 
-__all__ = ["GELU", "SwiGLU", "gelu", "swiglu"]
+class GEGLU(torch.nn.Module):
+    """Takes the concatenated ``[gate, up]`` projection (last dimension 2F) and returns F features."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return geglu(gate, up)
+
+
+__all__ = ["GEGLU", "GELU", "SwiGLU", "geglu", "gelu", "swiglu"]

@@ -334,6 +334,7 @@ def test_public_api_is_exactly_the_ops():
         [
             "FP8_DTYPE",
             "FP8_MAX",
+            "GEGLU",
             "GELU",
             "CrossEntropyLoss",
             "RMSNorm",
@@ -341,6 +342,7 @@ def test_public_api_is_exactly_the_ops():
             "SwiGLU",
             "cross_entropy",
             "dequantize_fp8",
+            "geglu",
             "gelu",
             "quantize_fp8",
             "rms_norm",
