@@ -248,11 +248,12 @@ def _options_row(
     if HAS_ZLOSS:
         tl.store(LSE_SQ + row, tl.where(ignored, 0.0, tl.where(bad, float("nan"), lse * lse)))
     if COMPUTE_GRAD:
-        row_scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), 1.0))
-        ce_scale = ce_scale * row_scale
+        # Ignored rows get exactly 0 (the mean's scale is inf when every row is ignored), bad rows NaN.
+        ce_scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), ce_scale))
         p_scale = p_factor * ce_scale
         if HAS_ZLOSS:
-            p_scale += 2.0 * lse_square_scale * lse * inv_n * row_scale
+            z_scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), inv_n))
+            p_scale += 2.0 * lse_square_scale * lse * z_scale
         hit_scale = hit * ce_scale
         spread = smoothing / n_cols_f * ce_scale
         row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad

@@ -286,7 +286,7 @@ class RMSNorm(torch.nn.Module):
     """``torch.nn.RMSNorm`` on the Triton kernels: ``RMSNorm(normalized_shape, eps, elementwise_affine,
     device, dtype)``, over the last dimension only (``normalized_shape`` an int or a 1-tuple). The
     weight starts at ones; without ``elementwise_affine`` there is none (``self.weight is None``).
-    ``eps=None`` is ``torch.finfo(x.dtype).eps``, as in PyTorch; the default stays 1e-6.
+    ``eps=None`` is float32's eps (PyTorch's: that of its compute dtype); the default stays 1e-6.
     ``offset`` (keyword) multiplies by ``offset + weight`` (Gemma: ``offset=1.0``, weight from zeros)."""
 
     def __init__(
@@ -329,8 +329,9 @@ class RMSNorm(torch.nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        eps = torch.finfo(x.dtype).eps if self.eps is None and x.is_floating_point() else self.eps
-        return rms_norm(x, self.weight, eps if eps is not None else 1e-6, self.offset)
+        # eps=None: PyTorch takes the eps of the dtype it computes in, float32 for every dtype here.
+        eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
+        return rms_norm(x, self.weight, eps, self.offset)
 
 
 __all__ = ["RMSNorm", "rms_norm"]
