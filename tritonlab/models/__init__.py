@@ -6,9 +6,24 @@ its negative log-likelihood. Its four components -- attention, MLP, heads, loss 
 (:class:`Components`), so the library's kernels plug in where PyTorch's ran. Each block can be
 activation-checkpointed with any components: ``TransformerNP(cfg, components, checkpoint="block")``
 (or ``"selective"``, ``"mlp"``; :data:`CHECKPOINT_MODES` says what each recomputes).
+
+The Transformer language model of phase lm_bench (:mod:`.lm`): ``TransformerLM(lm_config("small"),
+our_components())``, five sizes and a tiny one in :data:`LM_SIZES`, PyTorch or Triton components.
 """
 
 from .data import Tasks, sample_tasks
+from .lm import (
+    LM_ATTENTIONS,
+    LM_SIZES,
+    LMComponents,
+    LMConfig,
+    TransformerLM,
+    lm_config,
+    our_components,
+    param_count,
+    random_batch,
+    torch_components,
+)
 from .shapes import SHAPES, TNPShape, resolve_shape
 from .tnp import (
     CHECKPOINT_MODES,
@@ -27,12 +42,17 @@ from .training import DTYPES, autocast, build, check_dtype, train_loss_curve, tr
 __all__ = [
     "CHECKPOINT_MODES",
     "DTYPES",
+    "LM_ATTENTIONS",
+    "LM_SIZES",
     "SDPA_BACKENDS",
     "SHAPES",
     "Components",
+    "LMComponents",
+    "LMConfig",
     "TNPConfig",
     "TNPShape",
     "Tasks",
+    "TransformerLM",
     "TransformerNP",
     "autocast",
     "build",
@@ -40,10 +60,15 @@ __all__ = [
     "check_dtype",
     "gmm_heads_loop",
     "gmm_nll",
+    "lm_config",
     "mlp_eager",
+    "our_components",
+    "param_count",
+    "random_batch",
     "resolve_shape",
     "sample_tasks",
     "sdpa_attention",
+    "torch_components",
     "train_loss_curve",
     "train_step",
 ]

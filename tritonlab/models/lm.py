@@ -1,0 +1,370 @@
+"""A compact pre-norm Transformer language model, written plainly (nanoGPT style), with swappable parts.
+
+Token embedding, ``n_layers`` pre-norm blocks (RMSNorm -> causal multi-head self-attention with RoPE,
+RMSNorm -> SwiGLU feed-forward, both residual), a final RMSNorm and an untied output projection to
+the vocabulary (10 000 by default). The five sizes of the systems course's benchmark and a ``tiny``
+one for CPU tests are in :data:`LM_SIZES`; :func:`param_count` is their closed-form size.
+
+Five parts are swappable through :class:`LMComponents`, as the TransformerNP's are: attention
+(``q, k, v`` of shape (B, H, T, D) -> (B, H, T, D), causal), RMSNorm (``x, weight, eps``), SwiGLU
+(``gate, up`` -> ``silu(gate) * up``), RoPE (``q, k`` of shape (B, T, H, D) and the (T, D/2) cos/sin
+tables, half rotation as in Llama / GPT-NeoX) and the loss (``logits (N, V), targets (N,)``).
+:func:`torch_components` gives PyTorch's (naive attention by default, or SDPA), :func:`our_components`
+the library's Triton kernels: flash2's causal FlashAttention-2, and ``tritonlab.ops``' RMSNorm,
+SwiGLU, RoPE and cross-entropy::
+
+    cfg = lm_config("small", context_length=512)
+    model = TransformerLM(cfg, our_components())          # or torch_components("sdpa")
+    loss = model.loss(tokens, targets)                    # tokens, targets (B, T) int64
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+VOCAB_SIZE = 10_000
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """One model: widths, depth, heads, and the longest context it takes (its RoPE tables' length)."""
+
+    d_model: int
+    d_ff: int
+    n_layers: int
+    n_heads: int
+    context_length: int = 1024
+    vocab_size: int = VOCAB_SIZE
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("d_model", "d_ff", "n_layers", "n_heads", "context_length", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"n_heads: {self.n_heads} heads do not divide d_model = {self.d_model} "
+                f"(the head dimension would be {self.d_model / self.n_heads:g})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"n_heads: the head dimension d_model / n_heads = {self.head_dim} must be even for RoPE"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def label(self) -> str:
+        return (
+            f"d_model {self.d_model}, d_ff {self.d_ff}, {self.n_layers} layers, {self.n_heads} heads, "
+            f"context <= {self.context_length}, vocab {self.vocab_size}"
+        )
+
+
+# (d_model, d_ff, n_layers, n_heads) of the course's table, and a tiny model for the CPU.
+LM_SIZES: dict[str, LMConfig] = {
+    "tiny": LMConfig(64, 256, 2, 4, context_length=64),
+    "small": LMConfig(768, 3072, 12, 12),
+    "medium": LMConfig(1024, 4096, 24, 16),
+    "large": LMConfig(1280, 5120, 36, 20),
+    "xl": LMConfig(1600, 6400, 48, 25),
+    "2.7B": LMConfig(2560, 10240, 32, 32),
+}
+
+
+def lm_config(size: str, context_length: int | None = None) -> LMConfig:
+    """The named size; ``context_length`` (at most the size's maximum) shortens its RoPE tables."""
+    if size not in LM_SIZES:
+        raise ValueError(f"size: unknown {size!r}; expected one of {', '.join(LM_SIZES)}")
+    cfg = LM_SIZES[size]
+    if context_length is None:
+        return cfg
+    if not isinstance(context_length, int) or context_length < 1:
+        raise ValueError(f"context_length: must be a positive integer, got {context_length!r}")
+    if context_length > cfg.context_length:
+        raise ValueError(
+            f"context_length: {context_length} is beyond the {size} model's maximum of {cfg.context_length}"
+        )
+    return replace(cfg, context_length=context_length)
+
+
+def param_count(cfg: LMConfig) -> int:
+    """Parameters, in closed form: embedding V·d; per layer Q, K, V, O (4·d²), SwiGLU's W1, W3, W2
+    (3·d·d_ff) and two RMSNorm weights (2·d); the final RMSNorm (d); the untied output layer d·V."""
+    d, V = cfg.d_model, cfg.vocab_size
+    return V * d + cfg.n_layers * (4 * d * d + 3 * d * cfg.d_ff + 2 * d) + d + d * V
+
+
+# --- the PyTorch components ------------------------------------------------------------------------
+
+
+def naive_causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q kᵀ / sqrt(D) + causal mask) v, written out: the T x T scores are materialised."""
+    T, D = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(D)
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return weights @ v
+
+
+def sdpa_causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """PyTorch's scaled_dot_product_attention, causal (it picks its fastest backend)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def rms_norm_eager(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x²) + eps) · weight, in float32, returned in x's dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def swiglu_eager(gate: Tensor, up: Tensor) -> Tensor:
+    return F.silu(gate) * up
+
+
+def rope_eager(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Half rotation of q, k (B, T, H, D) by the angles of positions 0..T-1 (cos, sin: (>= T, D/2))."""
+    T = q.shape[1]
+    cos, sin = cos[:T, None, :], sin[:T, None, :]
+
+    def rotate(x: Tensor) -> Tensor:
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def cross_entropy_eager(logits: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(logits, targets)
+
+
+# --- the library's Triton components ---------------------------------------------------------------
+
+
+def flash_causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """flash2's FlashAttention-2 (Triton), causal, on (B, H, T, D). A head dimension the kernels do
+    not take (the 2.7B model's 80) is zero-padded to the next one they do (q pre-scaled so the
+    softmax still divides by sqrt(D)); the padded output columns are dropped."""
+    from tritonlab.attention import HEAD_DIMS, FlashAttentionTriton
+
+    B, H, T, D = q.shape
+    padded = next((d for d in HEAD_DIMS if d >= D), None)
+    if padded is None:
+        raise ValueError(f"q: head dimension {D} exceeds the largest the kernels take ({max(HEAD_DIMS)})")
+    if padded != D:
+        q = F.pad(q * math.sqrt(padded / D), (0, padded - D))
+        k, v = F.pad(k, (0, padded - D)), F.pad(v, (0, padded - D))
+    o = FlashAttentionTriton.apply(
+        q.reshape(B * H, T, padded), k.reshape(B * H, T, padded), v.reshape(B * H, T, padded), True
+    )
+    return o.view(B, H, T, padded)[..., :D]
+
+
+def _rms_norm_triton(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    from tritonlab.ops import rms_norm
+
+    return rms_norm(x, weight, eps)
+
+
+def _swiglu_triton(gate: Tensor, up: Tensor) -> Tensor:
+    from tritonlab.ops import swiglu
+
+    return swiglu(gate, up)
+
+
+def _rope_triton(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    from tritonlab.ops import rope
+
+    return rope(q, k, cos, sin)
+
+
+def _cross_entropy_triton(logits: Tensor, targets: Tensor) -> Tensor:
+    from tritonlab.ops import cross_entropy
+
+    return cross_entropy(logits, targets)
+
+
+LM_ATTENTIONS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "naive": naive_causal_attention,
+    "sdpa": sdpa_causal_attention,
+    "flash2": flash_causal_attention,
+}
+
+
+@dataclass
+class LMComponents:
+    """The swappable parts of :class:`TransformerLM`; the defaults are PyTorch's, naive attention."""
+
+    attention: Callable[[Tensor, Tensor, Tensor], Tensor] = naive_causal_attention
+    norm: Callable[[Tensor, Tensor, float], Tensor] = rms_norm_eager
+    swiglu: Callable[[Tensor, Tensor], Tensor] = swiglu_eager
+    rope: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] = rope_eager
+    loss: Callable[[Tensor, Tensor], Tensor] = field(default=cross_entropy_eager)
+
+
+def torch_components(attention: str = "naive") -> LMComponents:
+    """PyTorch's components, with ``attention`` one of "naive" and "sdpa" (or "flash2")."""
+    if attention not in LM_ATTENTIONS:
+        raise ValueError(f"attention: unknown {attention!r}; expected one of {', '.join(LM_ATTENTIONS)}")
+    return LMComponents(attention=LM_ATTENTIONS[attention])
+
+
+def our_components() -> LMComponents:
+    """Every part on the library's Triton kernels: FlashAttention-2 (causal), RMSNorm, SwiGLU, RoPE,
+    cross-entropy."""
+    return LMComponents(
+        attention=flash_causal_attention,
+        norm=_rms_norm_triton,
+        swiglu=_swiglu_triton,
+        rope=_rope_triton,
+        loss=_cross_entropy_triton,
+    )
+
+
+# --- the model -------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model: int, eps: float, components: LMComponents):
+        super().__init__()
+        self.eps, self.components = eps, components
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.components.norm(x, self.weight, self.eps)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: LMConfig, components: LMComponents):
+        super().__init__()
+        self.cfg, self.components = cfg, components
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.output_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        H, D = self.cfg.n_heads, self.cfg.head_dim
+        q = self.q_proj(x).view(B, T, H, D)
+        k = self.k_proj(x).view(B, T, H, D)
+        v = self.v_proj(x).view(B, T, H, D)
+        q, k = self.components.rope(q, k, cos, sin)  # positions 0..T-1, on (B, T, H, D)
+        o = self.components.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.output_proj(o.transpose(1, 2).reshape(B, T, H * D))
+
+
+class SwiGLUFeedForward(nn.Module):
+    def __init__(self, cfg: LMConfig, components: LMComponents):
+        super().__init__()
+        self.components = components
+        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)  # gate
+        self.w3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)  # up
+        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)  # down
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.components.swiglu(self.w1(x), self.w3(x)))
+
+
+class Block(nn.Module):
+    """x + attention(RMSNorm(x)), then + feed-forward(RMSNorm(·))."""
+
+    def __init__(self, cfg: LMConfig, components: LMComponents):
+        super().__init__()
+        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps, components)
+        self.attn = CausalSelfAttention(cfg, components)
+        self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps, components)
+        self.ffn = SwiGLUFeedForward(cfg, components)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x), cos, sin)
+        return x + self.ffn(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    """``model(tokens)`` -> logits (B, T, V); ``model.loss(tokens, targets)`` -> the mean cross-entropy.
+
+    The residual stream stays in the embedding's dtype (float32 under autocast: the blocks' bf16
+    outputs are added to it); the RoPE tables are float32 buffers of ``cfg.context_length`` rows.
+    """
+
+    def __init__(self, cfg: LMConfig, components: LMComponents | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.components = components or LMComponents()
+        self.token_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, self.components) for _ in range(cfg.n_layers))
+        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps, self.components)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        half = cfg.head_dim // 2
+        inv_freq = cfg.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) * 2 / cfg.head_dim)
+        angles = torch.arange(cfg.context_length, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        self.register_buffer("rope_cos", angles.cos().float(), persistent=False)
+        self.register_buffer("rope_sin", angles.sin().float(), persistent=False)
+
+    def check_tokens(self, tokens: Tensor, name: str = "tokens") -> None:
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"{name}: expected a (batch, sequence) tensor of token ids, got {shape}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise ValueError(f"{name}: expected integer token ids, got {tokens.dtype}")
+        if tokens.shape[1] > self.cfg.context_length:
+            raise ValueError(
+                f"{name}: sequence length {tokens.shape[1]} is beyond the model's maximum context "
+                f"of {self.cfg.context_length}"
+            )
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        self.check_tokens(tokens)
+        x = self.token_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, self.rope_cos, self.rope_sin)
+        return self.lm_head(self.ln_final(x))
+
+    def loss(self, tokens: Tensor, targets: Tensor) -> Tensor:
+        self.check_tokens(targets, "targets")
+        if targets.shape != tokens.shape:
+            raise ValueError(
+                f"targets: shape {tuple(targets.shape)} must match tokens' {tuple(tokens.shape)}"
+            )
+        logits = self(tokens)
+        return self.components.loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def random_batch(
+    cfg: LMConfig, batch_size: int, context: int, device=None, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Random token ids and next-token targets, (batch_size, context) each, as the benchmark feeds."""
+    if context > cfg.context_length:
+        raise ValueError(f"context: {context} is beyond the model's maximum of {cfg.context_length}")
+    ids = torch.randint(0, cfg.vocab_size, (batch_size, context + 1), generator=generator).to(device)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+__all__ = [
+    "LM_ATTENTIONS",
+    "LM_SIZES",
+    "VOCAB_SIZE",
+    "LMComponents",
+    "LMConfig",
+    "TransformerLM",
+    "cross_entropy_eager",
+    "flash_causal_attention",
+    "lm_config",
+    "naive_causal_attention",
+    "our_components",
+    "param_count",
+    "random_batch",
+    "rms_norm_eager",
+    "rope_eager",
+    "sdpa_causal_attention",
+    "swiglu_eager",
+    "torch_components",
+]
