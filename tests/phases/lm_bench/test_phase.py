@@ -1,0 +1,207 @@
+"""Phase lm_bench's command line, CPU runs of every implemented part, an out-of-memory in a sweep
+as a row, and the report (with the issue's verdict) from synthetic GPU-like rows."""
+
+import csv
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from common import ON_GPU
+from common.provenance import REPO_ROOT
+from common.report import Figures
+from common.results import data_dir
+from phases.__main__ import phase_module
+
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def _main():
+    return phase_module("lm_bench", "__main__")
+
+
+def _rows() -> list[dict]:
+    rows = []
+    for path in sorted((data_dir() / "lm_bench").glob("*.csv")):
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sideways"],
+        ["--size", "huge"],
+        ["--mode", "backward"],
+        ["--dtype", "fp8"],
+        ["--context", "0"],
+        ["--steps", "0"],
+        ["--warmup", "-1"],
+        ["--batch", "x"],
+        ["ours", "--variants", "compiled"],
+    ],
+)
+def test_bad_input_is_an_argparse_error(argv, capsys):
+    with pytest.raises(SystemExit) as err:
+        _main().parse_args(argv)
+    assert err.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's limits")
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--size", "small"], "interpreter"),
+        (["--shape", "medium"], "interpreter"),
+        (["--context", "128"], "too long for the CPU"),
+        (["ours", "--dtype", "bf16"], "bf16"),
+    ],
+)
+def test_the_cpu_refuses_what_it_cannot_run(argv, says, capsys):
+    with pytest.raises(SystemExit) as err:
+        _main().parse_args(argv)
+    assert err.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_context_beyond_the_models_maximum_is_refused(monkeypatch, capsys):
+    main = _main()
+    monkeypatch.setattr(main, "ON_GPU", True)
+    with pytest.raises(SystemExit) as err:
+        main.parse_args(["--size", "small", "--context", "2048"])
+    assert err.value.code == 2
+    assert "--context 2048: 2048 is beyond the small model's maximum of 1024" in capsys.readouterr().err
+
+
+def test_defaults_and_the_part_positional():
+    args = _main().parse_args([])
+    assert args.part == "timing" and args.steps >= 1 and args.warmup >= 0
+    if not ON_GPU:
+        assert args.size == ["tiny"] and args.context == [32] and args.dtype == ["fp32"]
+    args = _main().parse_args(["warmup", "--size", "tiny", "--context", "16"])
+    assert args.part == "warmup" and args.context == [16]
+
+
+@pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
+def test_timing_writes_a_row_per_mode_with_per_step_times(capsys):
+    _main().main(["timing", "--context", "16", "--steps", "3", "--warmup", "0", "--no-report"])
+    rows = _rows()
+    assert [r["mode"] for r in rows] == ["forward", "forward-backward", "train"]
+    for r in rows:
+        assert r["status"] == "ok" and r["part"] == "timing" and r["size"] == "tiny"
+        times = [float(t) for t in r["step_times_ms"].split(";")]
+        assert len(times) == 3 and math.isclose(float(r["mean_ms"]), sum(times) / 3, rel_tol=1e-3)
+        assert float(r["std_ms"]) >= 0 and int(r["params"]) == 1_411_392
+    out = capsys.readouterr().out
+    assert "TRITON_INTERPRET=1" in out and "1,411,392" in out
+
+
+@pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
+def test_warmup_runs_each_warmup_count():
+    _main().main(["warmup", "--context", "8", "--mode", "forward", "--steps", "2", "--no-report"])
+    rows = _rows()
+    assert [int(r["warmup"]) for r in rows] == [0, 1, 2, 5]
+    assert [r["process_cold"] for r in rows] == ["True", "False", "False", "False"]
+    assert all(r["status"] == "ok" for r in rows)
+
+
+def test_precision_writes_the_accumulation_and_the_dtypes(capsys):
+    _main().main(["precision", "--no-report"])
+    rows = {r["variant"]: r for r in _rows() if r["shape"] == "scalar"}
+    assert abs(float(rows["fp32 += fp32"]["value"]) - 10.0) < 1e-3
+    assert abs(float(rows["fp16 += fp16"]["value"]) - 9.953125) < 1e-6  # fp16's spacing swallows the adds
+    assert abs(float(rows["fp32 += fp16"]["value"]) - 10.0021) < 1e-3
+    seen = {r["tensor"]: r["seen_dtype"] for r in _rows() if r["shape"] == "toy"}
+    assert seen["parameters (fc1.weight)"] == "float32" and seen["fc1 output"] == "bfloat16"
+    assert seen["logits"] == "bfloat16" and seen["loss"] == "float32"
+    assert seen["gradients (fc1.weight.grad)"] == "float32"
+    assert "fp16 += fp16" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
+def test_ours_checks_then_times_side_by_side():
+    argv = ["ours", "--context", "16", "--steps", "1", "--warmup", "0", "--variants", "eager-naive", "ours"]
+    _main().main([*argv, "--no-report"])
+    rows = _rows()
+    assert [r["variant"] for r in rows] == ["check", "eager-naive", "ours"]
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    assert float(rows[0]["loss_rel_err"]) < 1e-4 and float(rows[0]["grad_rel_err"]) < 1e-3
+    assert all(r["mode"] == "train" for r in rows[1:])
+
+
+@pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
+def test_an_oom_in_the_sweep_is_a_row_and_the_sweep_goes_on(monkeypatch):
+    bench = phase_module("lm_bench", "bench")
+    real = bench.time_steps
+
+    def fake(step, warmup, steps):
+        if fake.calls == 1:
+            fake.calls += 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        fake.calls += 1
+        return real(step, warmup, steps)
+
+    fake.calls = 0
+    monkeypatch.setattr(bench, "time_steps", fake)
+    _main().main(["timing", "--context", "8", "16", "--mode", "forward", "--steps", "1", "--no-report"])
+    rows = _rows()
+    assert [(r["context"], r["status"]) for r in rows] == [("8", "ok"), ("16", "oom")]
+    assert "out of memory" in rows[1]["error"]
+
+
+def _gpu_rows() -> pd.DataFrame:
+    rows = []
+
+    def add(part, variant, size, context, mode, dtype, mean_ms=None, status="ok", **extra):
+        rows.append({"phase": "lm_bench", "part": part, "variant": variant, "shape": size, "size": size,
+                     "context": context, "mode": mode, "dtype": dtype, "status": status,
+                     "error": "" if status == "ok" else "CUDA out of memory", "mean_ms": mean_ms,
+                     "std_ms": None if mean_ms is None else 0.01 * mean_ms, "first_ms": mean_ms,
+                     "rest_mean_ms": mean_ms, "gpu": GPU, "utc": "2026-11-26T10:00:00Z",
+                     "run_group": "g1", **extra})  # fmt: skip
+
+    for dtype, scale in (("fp32", 4.0), ("bf16", 1.0)):
+        for mode in ("forward", "train"):
+            add("timing", "eager-naive", "small", 128, mode, dtype, 10 * scale, params=128_625_408)
+    add("timing", "eager-naive", "2.7B", 1024, "train", "fp32", status="oom")
+    for warmup, std in ((0, 40.0), (1, 2.0), (2, 0.5), (5, 0.4)):
+        add("warmup", "eager-naive", "small", 256, "forward", "fp32", 12.0, warmup=warmup,
+            process_cold=warmup == 0)  # fmt: skip
+        rows[-1]["std_ms"] = std
+    add("precision", "fp16 += fp16", "scalar", "", "", "fp16", value=9.953125, abs_err=0.046875)
+    add("precision", "autocast-bf16", "toy", "", "", "bf16", tensor="logits", seen_dtype="bfloat16")
+    add("ours", "check", "medium", 512, "check", "bf16", loss=9.3, loss_rel_err=1e-3, grad_rel_err=1e-2)
+    for context, naive, sdpa, ours in ((512, 100.0, 80.0, 60.0), (1024, 200.0, 150.0, 140.0)):
+        add("ours", "eager-naive", "medium", context, "train", "bf16", naive)
+        add("ours", "eager-sdpa", "medium", context, "train", "bf16", sdpa)
+        add("ours", "ours", "medium", context, "train", "bf16", ours)
+    return pd.DataFrame(rows)
+
+
+def test_the_report_renders_and_gives_the_issues_verdict(tmp_path):
+    report = phase_module("lm_bench", "report")
+    verdicts = {v.cell: v for v in report.headline(_gpu_rows())}
+    assert len(verdicts) == 8  # medium, large, xl, 2.7B x context 512, 1024
+    met = verdicts["medium, context 512, train step, bf16"]
+    assert met.baseline == "eager-sdpa" and abs(met.ratio - 80 / 60) < 1e-9 and met.verdict() == "met"
+    missed = verdicts["medium, context 1024, train step, bf16"]
+    assert abs(missed.ratio - 150 / 140) < 1e-9 and missed.verdict().startswith("missed")
+    assert verdicts["xl, context 512, train step, bf16"].verdict() == "not measured"
+    text = report.render(_gpu_rows(), Figures("lm_bench", tmp_path, GPU))
+    for heading in ("## timing", "## warm-up", "## precision", "## ours"):
+        assert heading in text
+    assert "fp32 against bf16 autocast" in text and "oom" in text and "speedup vs best eager" in text
+    assert (tmp_path / "figures" / "lm_bench_warmup_std.png").exists()
+    assert (
+        report.REPORT.title
+        == (REPO_ROOT / "phases" / "lm_bench" / "README.md").read_text().splitlines()[0][2:]
+    )
+
+
+def test_without_gpu_rows_every_goal_cell_is_not_measured():
+    report = phase_module("lm_bench", "report")
+    verdicts = report.headline(pd.DataFrame())
+    assert len(verdicts) == 8 and {v.verdict() for v in verdicts} == {"not measured"}
+    assert report.render(pd.DataFrame(), None) == "_no rows of a known part_\n"
