@@ -60,12 +60,8 @@ _LIBRARY_DIRS = tuple(
     if getattr(m, "__file__", None)
 )
 # Phrases of the errors CUDA and PyTorch raise when a stream-capture rule is broken.
-_CAPTURE_PHRASES = (
-    "capturing",
-    "capture",
-    "cudaErrorStreamCapture",
-    "operation not permitted",
-)
+# Any CUDA error raised while the step is being captured counts: the step ran eagerly in the warm-up.
+_CAPTURE_PHRASES = ("capturing", "capture", "cudaErrorStreamCapture", "operation not permitted", "CUDA error")
 
 
 class GraphCaptureError(RuntimeError):
@@ -191,6 +187,9 @@ class GraphedStep:
 
     def _capture(self) -> Tensor:
         torch.cuda.synchronize()
+        # The warm-up's activations sit in the caching allocator's ordinary pool; the graph gets a pool
+        # of its own, so hand them back first (as torch.cuda.graph does), or a large step holds both.
+        torch.cuda.empty_cache()
         failure: BaseException | None = None
         loss = None
         with torch.cuda.stream(self._stream):
