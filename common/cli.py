@@ -136,3 +136,14 @@ def phase_run(
         from .report import render_phase  # pandas and matplotlib: only when a report is rendered
 
         print(f"report: {render_phase(report)}")
+
+
+def require_at_least(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, minimums: dict[str, int]
+) -> None:
+    """Argparse's error (exit 2) for a count below its least value, e.g. ``{"steps": 1, "warmup": 0}``;
+    an option left at None is not checked."""
+    for name, least in minimums.items():
+        value = getattr(args, name)
+        if value is not None and value < least:
+            parser.error(f"--{name.replace('_', '-')}: must be >= {least}, got {value}")

@@ -1,12 +1,24 @@
 """One training step of a model, measured: median step time, per-stage times, tokens/s, peak memory."""
 
+import argparse
 from dataclasses import dataclass
 
 import torch
 
-from tritonlab.models import Components, TNPConfig, TNPShape, build, check_dtype, sample_tasks, train_step
+from tritonlab.models import (
+    DTYPES,
+    SHAPES,
+    Components,
+    TNPConfig,
+    TNPShape,
+    build,
+    check_dtype,
+    sample_tasks,
+    train_step,
+)
 
-from .device import DEVICE
+from .cli import phase_parser
+from .device import DEVICE, ON_GPU
 from .memory import measure_peak_memory
 from .timing import StageTimer
 
@@ -80,3 +92,59 @@ def measure_training_step(
         steps=steps,
         loss=float(loss),
     )
+
+
+def step_parser(
+    phase: str,
+    description: str,
+    *,
+    steps: tuple[int, int],
+    warmup: tuple[int, int],
+    before: str = "",
+    after: str = "",
+) -> argparse.ArgumentParser:
+    """The parser of a phase that times the TransformerNP's training step: --shape over the model's
+    shapes (small and mid on a GPU, tiny on the CPU), --dtype (bf16 is autocast), --batch, and
+    --steps and --warmup with (GPU, CPU) defaults; ``before`` and ``after`` frame the epilog's shapes."""
+    parser = phase_parser(
+        phase,
+        description,
+        shapes=list(SHAPES),
+        gpu_shapes=("small", "mid"),
+        cpu_shapes=("tiny",),
+        dtypes=list(DTYPES),
+        default_dtype="bf16",
+        epilog=before
+        + "shapes: "
+        + "; ".join(s.label() for s in SHAPES.values())
+        + ". --dtype bf16 is autocast over fp32 weights."
+        + after,
+    )
+    parser.add_argument("--batch", type=int, default=None, help="override every shape's batch size")
+    gpu, cpu = steps
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=gpu if ON_GPU else cpu,
+        help=f"timed steps (default {gpu}, at most 3 at large; {cpu} on the CPU)",
+    )
+    gpu, cpu = warmup
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=gpu if ON_GPU else cpu,
+        help=f"untimed steps first (default {gpu}, at most 1 at large; {cpu} on the CPU)",
+    )
+    return parser
+
+
+def shape_columns(cfg: TNPConfig, shape: TNPShape) -> dict:
+    """The row columns that say which model and shape a training-step cell ran."""
+    return {
+        "n_layers": cfg.n_layers,
+        "d_model": cfg.d_model,
+        "m_context": shape.m_context,
+        "n_target": shape.n_target,
+        "batch": shape.batch,
+        "tokens": shape.tokens,
+    }

@@ -15,8 +15,9 @@ report opens with a verdict per shape: best tokens/s with checkpointing over bes
 """
 
 from common import ON_GPU, ResultWriter, interpreter_banner
-from common.cli import parse_phase_args, phase_parser
-from tritonlab.models import CHECKPOINT_MODES, DTYPES, SHAPES, resolve_shape
+from common.cli import parse_phase_args, require_at_least
+from common.step import step_parser
+from tritonlab.models import CHECKPOINT_MODES, resolve_shape
 
 from .bench import ATTENTIONS, CPU_CAP, GPU_CAP_FACTOR, Setup, model_config, run_phase
 from .report import REPORT
@@ -25,19 +26,14 @@ PHASE = "09_checkpoint"
 
 
 def parse_args(argv=None):
-    parser = phase_parser(
+    parser = step_parser(
         PHASE,
         __doc__.strip().splitlines()[0],
-        shapes=list(SHAPES),
-        gpu_shapes=("small", "mid"),
-        cpu_shapes=("tiny",),
-        dtypes=list(DTYPES),
-        default_dtype="bf16",
-        epilog="checkpoint modes:\n"
+        steps=(10, 2),
+        warmup=(2, 1),
+        before="checkpoint modes:\n"
         + "\n".join(f"  {name:10s} {what}" for name, what in CHECKPOINT_MODES.items())
-        + "\nshapes: "
-        + "; ".join(s.label() for s in SHAPES.values())
-        + ". --dtype bf16 is autocast over fp32 weights.",
+        + "\n",
     )
     parser.add_argument(
         "--checkpoint",
@@ -56,19 +52,6 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile the model's loss (static, per cell)"
-    )
-    parser.add_argument("--batch", type=int, default=None, help="override every shape's batch size")
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=10 if ON_GPU else 2,
-        help="timed steps at the shape's batch (default 10, at most 3 at large; 2 on the CPU)",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=2 if ON_GPU else 1,
-        help="untimed steps first (default 2, at most 1 at large; 1 on the CPU)",
     )
     search = parser.add_argument_group("the search for the largest batch that fits")
     search.add_argument(
@@ -94,11 +77,11 @@ def parse_args(argv=None):
         help="untimed steps per probe; one puts AdamW's state in the peak (default: %(default)s)",
     )
     args = parse_phase_args(parser, argv)
-    for name in ("steps", "warmup", "batch", "max_batch", "search_steps", "search_warmup"):
-        value = getattr(args, name)
-        least = 0 if "warmup" in name else 1
-        if value is not None and value < least:
-            parser.error(f"--{name.replace('_', '-')}: must be >= {least}, got {value}")
+    require_at_least(
+        parser,
+        args,
+        {"steps": 1, "warmup": 0, "batch": 1, "max_batch": 1, "search_steps": 1, "search_warmup": 0},
+    )
     if not ON_GPU and args.max_batch is not None and args.max_batch > 4 * CPU_CAP:
         parser.error(f"--max-batch {args.max_batch}: at most {4 * CPU_CAP} in the CPU's interpreter")
     args.attention = args.attention or ("sdpa-cudnn" if ON_GPU else "sdpa-math")

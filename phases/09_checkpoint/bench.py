@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from common import ON_GPU, Cell, OutOfMemory, ResultWriter, run_cells
-from common.step import measure_training_step
+from common.step import measure_training_step, shape_columns
 from tritonlab.models import Components, TNPConfig, TNPShape, sdpa_attention
 
 # Bisection stops once the largest batch that fits is known to within this fraction of itself:
@@ -112,12 +112,7 @@ def step_cell(setup: Setup, shape: TNPShape, mode: str, role: str, *, steps: int
         "attention": setup.attention,
         "compile": setup.compile_model,
         "role": role,
-        "n_layers": setup.cfg.n_layers,
-        "d_model": setup.cfg.d_model,
-        "m_context": shape.m_context,
-        "n_target": shape.n_target,
-        "batch": shape.batch,
-        "tokens": shape.tokens,
+        **shape_columns(setup.cfg, shape),
     }
     return Cell(setup.variant(mode), shape.name, setup.dtype, run, columns)
 

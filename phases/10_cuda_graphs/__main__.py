@@ -15,8 +15,9 @@ step in Triton's interpreter and writes the graphed cell as "skipped": the CPU h
 """
 
 from common import ON_GPU, run_cells
-from common.cli import parse_phase_args, phase_parser, phase_run
-from tritonlab.models import DTYPES, SHAPES, resolve_shape
+from common.cli import parse_phase_args, phase_run, require_at_least
+from common.step import step_parser
+from tritonlab.models import resolve_shape
 
 from .bench import COMPONENTS, LOSS_RTOL, UPDATE_RTOL, Setup, model_config, shape_cells
 from .report import REPORT
@@ -25,19 +26,13 @@ PHASE = "10_cuda_graphs"
 
 
 def parse_args(argv=None):
-    parser = phase_parser(
+    parser = step_parser(
         PHASE,
         __doc__.strip().splitlines()[0],
-        shapes=list(SHAPES),
-        gpu_shapes=("small", "mid"),
-        cpu_shapes=("tiny",),
-        dtypes=list(DTYPES),
-        default_dtype="bf16",
-        epilog="shapes: "
-        + "; ".join(s.label() for s in SHAPES.values())
-        + f". --dtype bf16 is autocast over fp32 weights. Validation tolerance where the plain step is not "
-        f"bitwise reproducible: each loss within {LOSS_RTOL:g} relative, the parameters' update within "
-        f"{UPDATE_RTOL:g} of its norm.",
+        steps=(20, 2),
+        warmup=(3, 1),
+        after=" Validation tolerance where the plain step is not bitwise reproducible: each loss within "
+        f"{LOSS_RTOL:g} relative, the parameters' update within {UPDATE_RTOL:g} of its norm.",
     )
     parser.add_argument(
         "--components",
@@ -48,19 +43,6 @@ def parse_args(argv=None):
         help=f"the model's components, any of {', '.join(COMPONENTS)} (default: sdpa-cudnn triton on a GPU, "
         "sdpa-math on the CPU; triton needs --dtype fp32 there)",
     )
-    parser.add_argument("--batch", type=int, default=None, help="override every shape's batch size")
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=20 if ON_GPU else 2,
-        help="timed steps (default 20, at most 3 at large; 2 on the CPU)",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=3 if ON_GPU else 1,
-        help="untimed steps first (default 3, 1 at large; 1 on the CPU)",
-    )
     parser.add_argument(
         "--check-steps",
         type=int,
@@ -68,10 +50,7 @@ def parse_args(argv=None):
         help="steps compared, graphed against plain, before timing (default 5, at most 2 at large; 2 on the CPU)",
     )
     args = parse_phase_args(parser, argv)
-    for name, least in (("steps", 1), ("warmup", 1), ("check_steps", 1), ("batch", 1)):
-        value = getattr(args, name)
-        if value is not None and value < least:
-            parser.error(f"--{name.replace('_', '-')}: must be >= {least}, got {value}")
+    require_at_least(parser, args, {"steps": 1, "warmup": 1, "check_steps": 1, "batch": 1})
     args.components = list(
         dict.fromkeys(args.components or (["sdpa-cudnn", "triton"] if ON_GPU else ["sdpa-math"]))
     )

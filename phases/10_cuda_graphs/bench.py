@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from common import ON_GPU, Cell, measure_peak_memory
+from common.step import shape_columns
 from common.timing import StageTimer
 from tritonlab.models import Components, TNPConfig, TNPShape, build, check_dtype, sample_tasks, sdpa_attention
 from tritonlab.models.training import train_step
@@ -183,12 +184,7 @@ def shape_cells(setup: Setup, shape: TNPShape, components: str) -> list[Cell]:
     shared: dict = {}
     columns = {
         "components": components,
-        "n_layers": setup.cfg.n_layers,
-        "d_model": setup.cfg.d_model,
-        "m_context": shape.m_context,
-        "n_target": shape.n_target,
-        "batch": shape.batch,
-        "tokens": shape.tokens,
+        **shape_columns(setup.cfg, shape),
         "check_steps": setup.check_steps,
     }
 

@@ -144,12 +144,16 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return GELUFunction.apply(x, approximate == "tanh")
 
 
-class SwiGLUFunction(torch.autograd.Function):
+class GatedFunction(torch.autograd.Function):
+    """``act(gate) * up`` through a (forward, backward) kernel pair: SwiGLU's or GEGLU's. The
+    backward recomputes the activation from the saved inputs."""
+
     @staticmethod
-    def forward(ctx, gate, up):
+    def forward(ctx, gate, up, kernels):
+        fwd_kernel, ctx.bwd_kernel = kernels
         gate, up = _dense(gate), _dense(up)
         y = torch.empty_like(gate)
-        _swiglu_fwd_kernel[_grid(gate.numel())](gate, up, y, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS)
+        fwd_kernel[_grid(gate.numel())](gate, up, y, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS)
         ctx.save_for_backward(gate, up)
         return y
 
@@ -158,47 +162,28 @@ class SwiGLUFunction(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         dy = _dense(dy)
         dgate, dup = torch.empty_like(gate), torch.empty_like(up)
-        _swiglu_bwd_kernel[_grid(gate.numel())](
+        ctx.bwd_kernel[_grid(gate.numel())](
             dy, gate, up, dgate, dup, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS
         )
-        return dgate, dup
+        return dgate, dup, None
+
+
+def _gated(gate: torch.Tensor, up: torch.Tensor, kernels) -> torch.Tensor:
+    check_tensor("gate", gate)
+    check_tensor("up", up)
+    check_same("up", up, "gate", gate)
+    return GatedFunction.apply(gate, up, kernels)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up``; the backward recomputes ``silu(gate)`` from the saved inputs."""
-    check_tensor("gate", gate)
-    check_tensor("up", up)
-    check_same("up", up, "gate", gate)
-    return SwiGLUFunction.apply(gate, up)
-
-
-class GEGLUFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up):
-        gate, up = _dense(gate), _dense(up)
-        y = torch.empty_like(gate)
-        _geglu_fwd_kernel[_grid(gate.numel())](gate, up, y, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS)
-        ctx.save_for_backward(gate, up)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        gate, up = ctx.saved_tensors
-        dy = _dense(dy)
-        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
-        _geglu_bwd_kernel[_grid(gate.numel())](
-            dy, gate, up, dgate, dup, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS
-        )
-        return dgate, dup
+    return _gated(gate, up, (_swiglu_fwd_kernel, _swiglu_bwd_kernel))
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``gelu(gate, approximate="tanh") * up`` (Gemma, T5 MLPs) in one pass, rounded once; the
     backward recomputes the GELU and its slope from the saved inputs, also in one pass."""
-    check_tensor("gate", gate)
-    check_tensor("up", up)
-    check_same("up", up, "gate", gate)
-    return GEGLUFunction.apply(gate, up)
+    return _gated(gate, up, (_geglu_fwd_kernel, _geglu_bwd_kernel))
 
 
 class GELU(torch.nn.Module):

@@ -66,5 +66,5 @@ def test_report_renders_speedups_and_the_headline(tmp_path):
     verdicts = {v.cell: v for v in report.headline(df)}
     mid = verdicts["mid, fwd, bf16"]
     assert mid.ours == "triton" and mid.baseline == "sdpa-cudnn" and mid.ratio == pytest.approx(1.1)
-    assert mid.verdict() == "met" and verdicts["large, fwd, bf16"].verdict() == "missed by 0%"
+    assert mid.verdict() == "met" and verdicts["large, fwd, bf16"].verdict() == "missed by 0.5%"
     assert report.REPORT.title == title("02_attn_fwd")
