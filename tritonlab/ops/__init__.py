@@ -1,4 +1,4 @@
-"""Training primitives in Triton: RMSNorm, GELU, SwiGLU, GEGLU, RoPE, cross-entropy and FP8 quantisation.
+"""Training primitives in Triton: RMSNorm, GELU, SwiGLU, GEGLU, RoPE, (fused linear) cross-entropy and FP8 quantisation.
 
 Each is a function (autograd-aware, fp32 inside whatever the input dtype) and, where one is expected,
 an ``nn.Module``::
@@ -14,6 +14,7 @@ an ``nn.Module``::
     q, k = rope(q, k, cos, sin)               # (B, T, H, D), half rotation (Llama / NeoX)
     loss = cross_entropy(logits, target)      # loss in the logits' dtype, like F.cross_entropy;
     # weight=, ignore_index=, reduction=, label_smoothing=, softcap= (Gemma 2), lse_square_scale= (z-loss)
+    loss = fused_linear_cross_entropy(h, lm_head.weight, target)  # linear + CE, logits never whole
     q8, scales = quantize_fp8(x, "row")       # or "block" (1 x 128 groups); e4m3 + float32 scales
     x_hat = dequantize_fp8(q8, scales, "row")
 """
@@ -21,6 +22,7 @@ an ``nn.Module``::
 from .activations import GEGLU, GELU, SwiGLU, geglu, gelu, swiglu
 from .cross_entropy import CrossEntropyLoss, cross_entropy
 from .fp8 import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_fp8
+from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .rms_norm import RMSNorm, rms_norm
 from .rope import RotaryEmbedding, rope, rope_cache
 
@@ -30,11 +32,13 @@ __all__ = [
     "GEGLU",
     "GELU",
     "CrossEntropyLoss",
+    "FusedLinearCrossEntropyLoss",
     "RMSNorm",
     "RotaryEmbedding",
     "SwiGLU",
     "cross_entropy",
     "dequantize_fp8",
+    "fused_linear_cross_entropy",
     "geglu",
     "gelu",
     "quantize_fp8",
