@@ -1,0 +1,129 @@
+"""reports/autoselect.md: the selection table per size, its start-up cost cold and cached, the
+re-timed choices (any wrong pick), the three training runs side by side, and the issue's goals."""
+
+import math
+
+import pandas as pd
+
+from common.report import Figures, PhaseReport, Verdict, failures_table, markdown_table
+
+PHASE = "autoselect"
+TITLE = "autoselect — Triton or PyTorch per operation, chosen at run time at the model's shapes"
+WAYS = ["pytorch", "triton", "autoselect"]
+# The issue's goals (H100, bf16): every pick right; autoselected >= the faster of the two (3 %
+# allowed for the run-to-run spread of a mean step time) and >= 1.1x all-PyTorch where a kernel of
+# ours is chosen; selection < 3 s cold and < 0.1 s cached; loss curves agree within LOSS_TOL.
+SPREAD = 0.97
+GOAL_VS_PYTORCH = 1.1
+COLD_S, CACHED_S = 3.0, 0.1
+LOSS_TOL = {"bf16": 2e-2, "fp16": 1e-2, "fp32": 1e-3}  # max relative deviation of any step's loss
+
+
+def _latest(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty:
+        return df
+    return df.loc[df["run_group"] == df.sort_values("utc")["run_group"].iloc[-1]]
+
+
+def _num(rows: pd.DataFrame, col: str) -> pd.Series:
+    return pd.to_numeric(rows[col], errors="coerce") if col in rows else pd.Series(dtype=float)
+
+
+def render(df: pd.DataFrame, fig: Figures) -> str:
+    df = _latest(df)
+    out = []
+    for size, rows in df.groupby("shape", sort=False):
+        out.append(f"## {size}\n")
+        sel = rows.loc[rows["variant"].isin(["select-cold", "select-cached"])]
+        if not sel.empty:
+            out += ["Start-up cost of `select` (s): cold (empty cache: trial calls, compile, autotune, "
+                    "timing) and cached.\n", markdown_table(sel, [c for c in ["variant", "startup_s",
+                    "ops_selected", "ops_triton"] if c in sel])]  # fmt: skip
+        ch = rows.loc[(rows["variant"] == "choice") & (rows["status"] == "ok")]
+        if not ch.empty:
+            cols = ["op", "shapes", "op_dtype", "pytorch_ms", "triton_ms", "speedup", "choice", "reason",
+                    "retime_pytorch_ms", "retime_triton_ms", "wrong_pick"]  # fmt: skip
+            out += ["\nThe selection, and both implementations re-timed independently afterwards:\n",
+                    markdown_table(ch, [c for c in cols if c in ch])]  # fmt: skip
+        runs = rows.loc[rows["variant"].isin(WAYS) & (rows["status"] == "ok")]
+        if not runs.empty:
+            cols = ["variant", "batch", "context", "mean_ms", "std_ms", "tokens_per_s", "final_loss",
+                    "max_loss_rel_dev"]  # fmt: skip
+            out += ["\nTraining, three ways (same weights, same batches):\n",
+                    markdown_table(runs, [c for c in cols if c in runs])]  # fmt: skip
+            curves = []
+            for _, r in runs.iterrows():
+                for i, loss in enumerate(str(r.get("losses", "")).split(";")):
+                    if loss:
+                        curves.append({"step": i + 1, "loss": float(loss), "way": r["variant"]})
+            if curves:
+                out.append(fig.line_plot(pd.DataFrame(curves), x="step", y="loss", series="way",
+                                         name=f"loss_{size}", title=f"loss per step, {size}"))  # fmt: skip
+        out.append(failures_table(rows))
+    return "\n".join(out) or "_no rows_\n"
+
+
+def _verdict(cell: str, ours: str, base: str, ratio: float, goal: float, df: pd.DataFrame) -> Verdict:
+    gpu = str(df["gpu"].iloc[0]) if not df.empty else ""
+    utc = str(df["utc"].max()) if not df.empty else ""
+    return Verdict(PHASE, cell, ours, base, ratio, goal, gpu, utc)
+
+
+def headline(df: pd.DataFrame) -> list[Verdict]:
+    """The issue's goals per size of the newest run; a goal without rows reads "not measured"."""
+    df = _latest(df)
+    nan = float("nan")
+    verdicts = []
+    sizes = list(dict.fromkeys(df["shape"])) if not df.empty and "shape" in df else ["seed"]
+    for size in sizes:
+        rows = df.loc[(df["shape"] == size) & (df["status"] == "ok")] if not df.empty else df
+        ch = rows.loc[rows["variant"] == "choice"] if not rows.empty else rows
+        picks = (
+            ch.loc[ch["wrong_pick"].astype(str).isin(["True", "False"])]
+            if "wrong_pick" in ch
+            else ch.iloc[:0]
+        )
+        right = (picks["wrong_pick"].astype(str) == "False").mean() if not picks.empty else nan
+        verdicts.append(
+            _verdict(f"{size}: right picks (re-timed)", "selection", "re-timing", right, 1.0, rows)
+        )
+        ms = (
+            {w: _num(rows.loc[rows["variant"] == w], "mean_ms").median() for w in WAYS}
+            if not rows.empty
+            else {}
+        )
+        auto, pt, tr = ms.get("autoselect", nan), ms.get("pytorch", nan), ms.get("triton", nan)
+        best = (
+            min(x for x in (pt, tr) if not math.isnan(x)) if not (math.isnan(pt) and math.isnan(tr)) else nan
+        )
+        verdicts.append(_verdict(f"{size}: autoselect vs faster of the two (spread 3%)", "autoselect",
+                                 "pytorch" if best == pt else "triton", best / auto, SPREAD, rows))  # fmt: skip
+        cold = (
+            _num(rows.loc[rows["variant"] == "select-cold"], "startup_s") if not rows.empty else pd.Series()
+        )
+        n_tri = (
+            _num(rows.loc[rows["variant"] == "select-cold"], "ops_triton") if not rows.empty else pd.Series()
+        )
+        if not n_tri.empty and n_tri.max() > 0:
+            verdicts.append(_verdict(f"{size}: autoselect vs all-PyTorch (a kernel chosen)", "autoselect",
+                                     "pytorch", pt / auto, GOAL_VS_PYTORCH, rows))  # fmt: skip
+        cached = (
+            _num(rows.loc[rows["variant"] == "select-cached"], "startup_s") if not rows.empty else pd.Series()
+        )
+        verdicts.append(_verdict(f"{size}: cold selection < {COLD_S:g} s", "select", "budget",
+                                 COLD_S / cold.max() if not cold.empty else nan, 1.0, rows))  # fmt: skip
+        verdicts.append(_verdict(f"{size}: cached selection < {CACHED_S:g} s", "select", "budget",
+                                 CACHED_S / cached.max() if not cached.empty else nan, 1.0, rows))  # fmt: skip
+        dev = (
+            _num(rows.loc[rows["variant"].isin(["triton", "autoselect"])], "max_loss_rel_dev")
+            if not rows.empty
+            else pd.Series()
+        )
+        dtype = str(rows["dtype"].iloc[0]) if not rows.empty else "bf16"
+        tol = LOSS_TOL.get(dtype, 2e-2)
+        verdicts.append(_verdict(f"{size}: loss curves agree (rel {tol:g})", "triton, autoselect", "pytorch",
+                                 tol / max(dev.max(), 1e-12) if not dev.empty else nan, 1.0, rows))  # fmt: skip
+    return verdicts
+
+
+REPORT = PhaseReport(PHASE, TITLE, render, headline)
