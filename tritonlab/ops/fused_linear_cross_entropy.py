@@ -264,11 +264,12 @@ def _setup_context(ctx, inputs, output):
     ctx.reduction = reduction
     ctx.flags = (gx, gw, gb)
     ctx.args = (ignore_index, smoothing, softcap, chunk_rows)
-    ctx.consumed = False
     if reduction == "none":
         ctx.save_for_backward(x, weight, target, bias)
     else:
-        ctx.save_for_backward(dx, dw, db)
+        # A plain attribute, not save_for_backward: handed to the caller in the backward with no
+        # other reference left, autograd moves them into .grad instead of copying dW (1 GiB).
+        ctx.grads = (dx, dw, db)
 
 
 def _backward(ctx, grad_loss, _grad_dx, _grad_dw, _grad_db):
@@ -282,13 +283,12 @@ def _backward(ctx, grad_loss, _grad_dx, _grad_dw, _grad_db):
             x, weight, target, bias, grad_loss, ignore_index, smoothing, softcap, chunk_rows, gx, gw, gb
         )
     else:
-        if ctx.consumed:
+        if ctx.grads is None:
             raise RuntimeError(
-                "fused_linear_cross_entropy: the gradients stored by the forward were already scaled "
-                "in place by a first backward; a second backward (retain_graph) is not supported"
+                "fused_linear_cross_entropy: the gradients stored by the forward were already handed "
+                "to a first backward (scaled in place); a second backward (retain_graph) is not supported"
             )
-        ctx.consumed = True
-        dx, dw, db = ctx.saved_tensors
+        (dx, dw, db), ctx.grads = ctx.grads, None
         # In place: a second dW-sized buffer here would double the peak. (Under torch.compile the
         # graph is functionalised and the compiler decides.)
         dx, dw, db = (
