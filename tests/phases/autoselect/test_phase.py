@@ -1,0 +1,62 @@
+"""Phase autoselect: the command line, a tiny CPU run's rows, and the report's verdicts."""
+
+import csv
+
+import pytest
+
+from common import ON_GPU
+from common.results import data_dir
+from phases.__main__ import phase_module
+
+
+def _main():
+    return phase_module("autoselect", "__main__")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--shape", "huge"], ["--steps", "0"], ["--dtype", "fp8"], ["--steps", "2", "--warmup", "2"]]
+)
+def test_bad_input_is_an_argparse_error(argv, capsys):
+    with pytest.raises(SystemExit) as err:
+        _main().parse_args(argv)
+    assert err.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's limits")
+@pytest.mark.parametrize(
+    ("argv", "says"), [(["--shape", "seed"], "interpreter"), (["--dtype", "bf16"], "bf16")]
+)
+def test_the_cpu_refuses_what_it_cannot_run(argv, says, capsys):
+    with pytest.raises(SystemExit) as err:
+        _main().parse_args(argv)
+    assert err.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
+def test_a_tiny_cpu_run_writes_every_kind_of_row():
+    _main().main(["--steps", "2", "--warmup", "1", "--no-report"])
+    rows = []
+    for path in sorted((data_dir() / "autoselect").glob("*.csv")):
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["status"] != "ok"]
+    variants = [r["variant"] for r in rows]
+    assert variants[:2] == ["select-cold", "select-cached"] and variants[-3:] == [
+        "pytorch",
+        "triton",
+        "autoselect",
+    ]
+    assert {r["op"] for r in rows if r["variant"] == "choice"} == {
+        "rms_norm",
+        "swiglu",
+        "rope",
+        "cross_entropy",
+        "attention",
+    }
+    runs = {r["variant"]: r for r in rows}
+    assert len(runs["autoselect"]["losses"].split(";")) == 2
+    assert float(runs["autoselect"]["max_loss_rel_dev"]) < 1e-4
+    verdicts = phase_module("autoselect", "report").headline(
+        __import__("pandas").DataFrame(rows).assign(gpu="H100")
+    )
+    assert verdicts and all(v.verdict() for v in verdicts)
