@@ -25,6 +25,7 @@ from tritonlab.ops import (
     FP8_DTYPE,
     FP8_MAX,
     cross_entropy,
+    fused_linear_cross_entropy,
     gelu,
     quantize_fp8,
     rms_norm,
@@ -38,6 +39,7 @@ from tritonlab.testing import DTYPES, rel_err
 
 try:  # optional: `uv sync --extra liger`; without it Liger's cells are rows saying so
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     from liger_kernel.ops.rope import LigerRopeFunction
     from liger_kernel.ops.swiglu import LigerSiLUMulFunction
@@ -46,7 +48,16 @@ try:  # optional: `uv sync --extra liger`; without it Liger's cells are rows say
 except (ImportError, RuntimeError) as err:  # not installed, or a Triton/driver error on import
     LIGER_MISSING = f"liger-kernel not importable ({type(err).__name__}: {err})"[:200]
 
-KERNELS = ("rms_norm", "gelu", "swiglu", "rope", "cross_entropy", "fp8_row", "fp8_block")
+KERNELS = (
+    "rms_norm",
+    "gelu",
+    "swiglu",
+    "rope",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
+    "fp8_row",
+    "fp8_block",
+)
 VARIANTS = ("ours", "eager", "compile", "liger")
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
@@ -59,6 +70,7 @@ SIZES = {
         "swiglu": [(7, 123)],
         "rope": [(10, 48)],
         "cross_entropy": [(5, 300)],
+        "fused_linear_cross_entropy": [(5, 300)],
         "fp8_row": [(7, 256)],
         "fp8_block": [(7, 256)],
     },
@@ -68,6 +80,7 @@ SIZES = {
         "swiglu": [(8192, 4096), (65536, 8192)],
         "rope": [(8192, 4096), (65536, 4096)],
         "cross_entropy": [(4096, 32000), (16384, 128256)],
+        "fused_linear_cross_entropy": [(8192, 32000), (16384, 128256)],
         "fp8_row": [(8192, 4096), (65536, 8192)],
         "fp8_block": [(8192, 4096), (65536, 8192)],
     },
@@ -77,11 +90,14 @@ SIZES = {
         "swiglu": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
         "rope": [(4096, 1024), (8192, 4096), (32768, 4096), (65536, 4096)],
         "cross_entropy": [(4096, 32000), (16384, 32000), (4096, 128256), (16384, 128256)],
+        "fused_linear_cross_entropy": [(8192, 32000), (8192, 128256), (16384, 128256)],
         "fp8_row": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
         "fp8_block": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
     },
 }
 ROPE_HEAD_DIM = 128 if ON_GPU else 8
+# fused_linear_cross_entropy's sizes are (tokens, vocabulary); the hidden width is this.
+FLCE_HIDDEN = 4096 if ON_GPU else 13
 # bf16 outputs carry a relative rounding error of at most 2**-9 per element. e4m3 keeps 3 mantissa
 # bits: at most 2**-4 per element, about 2.6% rms on normal data (measured).
 TOLERANCE = {"fp8_row": 0.04, "fp8_block": 0.04}
@@ -117,12 +133,22 @@ def cross_entropy_eager(logits, target, ignore_index=-100):
     return F.cross_entropy(logits.float(), target, ignore_index=ignore_index)
 
 
+def linear_cross_entropy_eager(x, weight, target, ignore_index=-100):
+    """The usual LM head: bf16 linear, logits upcast to fp32 for the loss."""
+    return F.cross_entropy(F.linear(x, weight).float(), target, ignore_index=ignore_index)
+
+
 def fp8_eager(x, granularity="row", block=128):
     rows = x.reshape(*x.shape[:-1], -1, block) if granularity == "block" else x.unsqueeze(-2)
     amax = rows.abs().amax(dim=-1, keepdim=True).float()
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     q = (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.reshape(x.shape), scale.squeeze(-1)
+
+
+def _first(out):
+    """Liger's functions return the loss alone or (loss, extras...) depending on the version."""
+    return out[0] if isinstance(out, tuple | list) else out
 
 
 def liger_ops() -> dict:
@@ -143,6 +169,9 @@ def liger_ops() -> dict:
         "cross_entropy": lambda logits, target: LigerCrossEntropyFunction.apply(logits, target, None, -100)[
             0
         ],
+        "fused_linear_cross_entropy": lambda x, w, target: _first(
+            LigerFusedLinearCrossEntropyFunction.apply(x, w, target)
+        ),
         "fp8_row": "Liger-Kernel 0.8.5 has no FP8 quantisation",
         "fp8_block": "Liger-Kernel 0.8.5 has no FP8 quantisation",
     }
@@ -195,7 +224,7 @@ def _pass_bytes(fwd: int, bwd: int) -> dict[str, int]:
 def kernel_passes(kernel: str) -> tuple[str, ...]:
     """Cross-entropy's gradient is computed in our forward, so only forward+backward compares like
     with like; quantisation has no backward."""
-    if kernel == "cross_entropy":
+    if kernel in ("cross_entropy", "fused_linear_cross_entropy"):
         return ("fwd+bwd",)
     if kernel.startswith("fp8"):
         return ("fwd",)
@@ -213,6 +242,7 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         "swiglu": swiglu,
         "rope": rope,
         "cross_entropy": cross_entropy,
+        "fused_linear_cross_entropy": fused_linear_cross_entropy,
         "fp8_row": functools.partial(quantize_fp8, granularity="row"),
         "fp8_block": functools.partial(quantize_fp8, granularity="block", block=128),
     }
@@ -258,6 +288,16 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         target[::97] = -100  # a few ignored positions (padding)
         args, grad_outs, nbytes = [logits, target], None, {"fwd+bwd": 2 * elems * b + tokens * 8}
         eager = cross_entropy_eager
+    elif kernel == "fused_linear_cross_entropy":
+        # width is the vocabulary; GB/s counts x, W read and dx, dW written once (the floor is the GEMMs).
+        hidden = FLCE_HIDDEN
+        x = (_randn(tokens, hidden, dtype=torch.float32)).to(dtype).requires_grad_()
+        weight = (_randn(width, hidden, dtype=torch.float32) / hidden**0.5).to(dtype).requires_grad_()
+        target = torch.randint(0, width, (tokens,), device=DEVICE)
+        target[::97] = -100
+        moved = 2 * (tokens + width) * hidden * b + tokens * 8
+        args, grad_outs, nbytes = [x, weight, target], None, {"fwd+bwd": moved}
+        eager = linear_cross_entropy_eager
     else:  # fp8_row, fp8_block
         granularity = kernel.removeprefix("fp8_")
         x = _randn(tokens, width, dtype=dtype)

@@ -12,7 +12,16 @@ from common.report import (
     select_latest,
 )
 
-KERNELS = ("rms_norm", "gelu", "swiglu", "rope", "cross_entropy", "fp8_row", "fp8_block")
+KERNELS = (
+    "rms_norm",
+    "gelu",
+    "swiglu",
+    "rope",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
+    "fp8_row",
+    "fp8_block",
+)
 BASELINES = ("eager", "compile", "liger")
 MEMORY_BOUND = ("rms_norm", "gelu", "swiglu", "rope", "fp8_row", "fp8_block")
 COPY_GOAL_PCT = 90.0
