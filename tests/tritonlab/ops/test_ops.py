@@ -337,6 +337,8 @@ def test_public_api_is_exactly_the_ops():
             "GEGLU",
             "GELU",
             "CrossEntropyLoss",
+            "FusedLinearCrossEntropyLoss",
+            "fused_linear_cross_entropy",
             "RMSNorm",
             "RotaryEmbedding",
             "SwiGLU",
