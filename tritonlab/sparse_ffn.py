@@ -1,0 +1,317 @@
+"""A fixed-slice backward for linear layers: dX from the first N rows of dY only.
+
+**This backward is numerically WRONG for training.** It truncates the gradient by *position* (the
+first N rows of the flattened (tokens, features) gradient), not by importance: every token past row
+N gets dX = 0, whatever its gradient was. It exists to measure what such a restricted kernel could
+buy if that sparsity were ever justified -- never use it to train a model you care about.
+
+For a linear layer y = x Wᵀ + b with x (T, D_IN) flattened over (batch, sequence) -- row
+t = b·S + s, so the first N rows are the first N/S sequences of the batch -- W (D_OUT, D_IN):
+
+    exact:        dX = dY W,                    dW = dYᵀ x,   db = Σ_t dY
+    fixed slice:  dX[:N] = dY[:N] W,  dX[N:] = 0,  dW = dYᵀ x (full dY),  db = Σ_t dY
+
+- ``fixed_slice_matmul(dy, w, n_rows)``: the Triton kernel, dy (T, K), w (K, D) -> dx (T, D) with
+  dx[:n_rows] = dy[:n_rows] @ w and dx[n_rows:] = 0. One launch covers all T rows: a program whose
+  row block lies past n_rows skips its K loop and stores a zero tile; the block that straddles n_rows
+  loads masked (zero) rows and so stores exact zeros there. This is faster than a wrapper's
+  ``torch.zeros`` followed by the slice GEMM: dX is written once (T·D values) instead of T·D + N·D,
+  in one launch instead of two, and the zero tiles cost nothing but their stores. Autotuned over a
+  small config space pruned by shared memory (``tritonlab.tuning``); bf16, fp16 and fp32 with fp32
+  accumulation (fp32 dots IEEE unless ``torch.set_float32_matmul_precision`` allows TF32).
+- ``SlicedBackwardLinear``: an ``nn.Linear`` (sharing the original layer's parameters) whose forward
+  is exactly ``F.linear`` and whose backward computes dX with ``fixed_slice_matmul``.
+  **dW is computed from the full dY**, as usual: the study is about what restricting dX buys, so
+  only dX changes and the measured difference is the kernel's alone; a dW from the slice would also
+  cut the weight gradient (at n_rows = 0 to nothing) and mix two effects in one number. In a BERT FFN
+  the upstream dY of ``intermediate.dense`` is already zero past row N (it is the GELU of the sliced
+  dX of ``output.dense``), so there the two choices give the same dW anyway.
+- ``replace_ffn(model, n_rows, layers=None)``: swaps the FFN layers (``intermediate.dense`` and
+  ``output.dense``) of Hugging Face BERT or RoBERTa encoder layers for ``SlicedBackwardLinear``, in
+  place. ``transformers`` is imported there only: the rest of this module does not need it.
+"""
+
+from collections.abc import Iterable
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from . import tuning
+from ._gemm import compute_dtype, shared_memory_pruner
+from ._runtime import INTERPRET
+from .checks import check_offset_range, check_same, check_tensor
+from .tuning import ConfigRecord, dot_precision
+
+__all__ = ["SlicedBackwardLinear", "fixed_slice_matmul", "replace_ffn", "sliced_backward_linear"]
+
+
+@triton.jit
+def _fixed_slice_matmul_kernel(
+    dy_ptr,
+    w_ptr,
+    dx_ptr,
+    T,
+    N_ROWS,
+    K,
+    D,
+    stride_dyt,
+    stride_dyk,
+    stride_wk,
+    stride_wd,
+    stride_dxt,
+    stride_dxd,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """dx[rows, cols] = dy[rows] @ w[:, cols] for rows < N_ROWS, 0 for the others; 1-D grid of
+    (row blocks of T) × (column blocks of D), row blocks grouped by GROUP_M for L2 reuse of w."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(T, BLOCK_M)
+    n_n = tl.cdiv(D, BLOCK_N)
+    per_group = GROUP_M * n_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    in_slice = offs_m < N_ROWS
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # A row block wholly past the slice runs no K loop: it only stores its zero tile.
+    k_end = tl.where(pid_m * BLOCK_M < N_ROWS, K, 0)
+    for k0 in range(0, k_end, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(
+            dy_ptr + offs_m[:, None] * stride_dyt + k[None, :] * stride_dyk,
+            mask=in_slice[:, None] & (k < K)[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wd,
+            mask=(k < K)[:, None] & (offs_n < D)[None, :],
+            other=0.0,
+        )
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    tl.store(
+        dx_ptr + offs_m[:, None] * stride_dxt + offs_n[None, :] * stride_dxd,
+        acc.to(dx_ptr.dtype.element_ty),
+        mask=(offs_m < T)[:, None] & (offs_n < D)[None, :],
+    )
+
+
+# --- config space ---------------------------------------------------------------------------------
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the usual Hopper GEMM tiles for 16-bit inputs, and two
+# smaller ones that 4-byte elements fit in shared memory with. The interpreter gets one small config
+# (it cannot time; small blocks make the tests' odd shapes cross block edges).
+_TILES = [
+    (128, 256, 64, 8, 3),
+    (128, 128, 64, 8, 4),
+    (128, 128, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (128, 64, 64, 4, 4),
+]
+_FALLBACK_TILES = [(128, 64, 32, 4, 3), (64, 64, 32, 4, 3)]
+_CPU_TILES = [(32, 32, 32, 1, 1)]
+_GROUP_M = 8
+
+
+def _configs(tiles) -> list[triton.Config]:
+    return [
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M}, num_warps=w, num_stages=s
+        )
+        for m, n, k, w, s in tiles
+    ]
+
+
+def _smem(config: triton.Config, element_size: int) -> int:
+    kw = config.kwargs
+    tile = (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"]
+    return tuning.pipelined_tile_bytes(tile, element_size, config.num_stages)
+
+
+_FALLBACK = [] if INTERPRET else _configs(_FALLBACK_TILES)
+_fixed_slice_matmul = triton.autotune(
+    (_configs(_CPU_TILES) if INTERPRET else _configs(_TILES)) + _FALLBACK,
+    key=["T", "N_ROWS", "K", "D", "DOT_PRECISION"],
+    prune_configs_by={"early_config_prune": shared_memory_pruner(_smem, "dy_ptr", _FALLBACK)},
+)(_fixed_slice_matmul_kernel)
+
+
+def _check_n_rows(n_rows, rows: int | None = None) -> int:
+    if isinstance(n_rows, bool) or not isinstance(n_rows, int):
+        raise ValueError(f"n_rows: expected an int, got {type(n_rows).__name__}")
+    if n_rows < 0:
+        raise ValueError(f"n_rows: must be >= 0, got {n_rows}")
+    if rows is not None and n_rows > rows:
+        raise ValueError(f"n_rows: {n_rows} is beyond the row count {rows} of dy")
+    return n_rows
+
+
+def fixed_slice_matmul(dy: Tensor, w: Tensor, n_rows: int, *, record: ConfigRecord | None = None) -> Tensor:
+    """dx (T, D) with dx[:n_rows] = dy[:n_rows] @ w and dx[n_rows:] = 0 (exact zeros), in one launch.
+
+    dy (T, K) and w (K, D) of one dtype (bf16, fp16 or fp32) on one device, any strides; n_rows in
+    [0, T]. For a linear layer's weight W (D_OUT, D_IN), ``fixed_slice_matmul(dy, W, n)`` is the
+    sliced dX. ``record`` receives the tiles the autotuner picked. Numerically wrong as a training
+    gradient for any n_rows < T (see the module docstring).
+    """
+    check_tensor("dy", dy, ndim=2)
+    check_tensor("w", w, ndim=2)
+    check_same("w", w, "dy", dy, shape=False)
+    if dy.shape[1] != w.shape[0]:
+        raise ValueError(
+            f"w: shape {tuple(w.shape)} does not match dy {tuple(dy.shape)}: expected w (K, D) with "
+            f"K = dy.shape[1] = {dy.shape[1]}"
+        )
+    T, K = dy.shape
+    D = w.shape[1]
+    _check_n_rows(n_rows, T)
+    check_offset_range("dy", T, max(K, D))
+    dx = torch.empty((T, D), dtype=dy.dtype, device=dy.device)
+    if T == 0 or D == 0:
+        return dx
+
+    def grid(meta):
+        return (triton.cdiv(T, meta["BLOCK_M"]) * triton.cdiv(D, meta["BLOCK_N"]),)
+
+    _fixed_slice_matmul[grid](
+        dy, w, dx, T, n_rows, K, D, *dy.stride(), *w.stride(), *dx.stride(),
+        DOT_PRECISION=dot_precision(dy.dtype),
+    )  # fmt: skip
+    if record is not None:
+        record.note("fixed_slice_matmul", _fixed_slice_matmul.best_config)
+    return dx
+
+
+# --- autograd -------------------------------------------------------------------------------------
+
+
+class _SlicedBackwardLinear(torch.autograd.Function):
+    """Forward: ``F.linear`` (under autocast, in autocast's dtype, as nn.Linear). Backward: dX from
+    the first n_rows rows of the flattened dY (``fixed_slice_matmul``); dW and db from all of dY."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, n_rows: int):
+        ctx.compute_dtype = compute_dtype(x)
+        ctx.n_rows = n_rows
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, weight = ctx.saved_tensors
+        dtype = ctx.compute_dtype
+        dy2 = dy.reshape(-1, dy.shape[-1]).to(dtype)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = fixed_slice_matmul(dy2, weight.to(dtype), ctx.n_rows)
+            dx = dx.reshape(x.shape).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = (dy2.t() @ x.reshape(-1, x.shape[-1]).to(dtype)).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0, dtype=torch.float32).to(weight.dtype)
+        return dx, dw, db, None
+
+
+def sliced_backward_linear(x: Tensor, weight: Tensor, bias: Tensor | None, n_rows: int) -> Tensor:
+    """``F.linear(x, weight, bias)`` whose backward keeps dX of the first ``n_rows`` flattened rows of x
+    only (the rest zero); dW and db from the full upstream gradient. Numerically wrong for training."""
+    _check_n_rows(n_rows)
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    if x.dim() == 0 or n_rows > rows:
+        raise ValueError(f"n_rows: {n_rows} is beyond the row count {rows} of x {tuple(x.shape)}")
+    return _SlicedBackwardLinear.apply(x, weight, bias, n_rows)
+
+
+class SlicedBackwardLinear(nn.Linear):
+    """An ``nn.Linear`` whose backward computes dX from the first ``n_rows`` rows of the flattened dY
+    only (numerically WRONG for training; a measurement device). The forward is ``F.linear``, exactly.
+
+    ``SlicedBackwardLinear.from_linear(linear, n_rows)`` shares ``linear``'s weight and bias (the same
+    Parameter objects, so optimisers and state dicts see no difference).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, n_rows: int = 0, **kw):
+        super().__init__(in_features, out_features, bias, **kw)
+        self.n_rows = _check_n_rows(n_rows)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, n_rows: int) -> "SlicedBackwardLinear":
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.weight = linear.weight
+        layer.bias = linear.bias
+        layer.n_rows = _check_n_rows(n_rows)
+        layer.train(linear.training)
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        return sliced_backward_linear(x, self.weight, self.bias, self.n_rows)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, n_rows={self.n_rows} (sliced dX: wrong for training)"
+
+
+# --- Hugging Face models --------------------------------------------------------------------------
+
+
+def _encoder_layers(model) -> list:
+    """The encoder layers of a BERT or RoBERTa model, chosen by its config class."""
+    try:
+        from transformers import BertConfig, RobertaConfig
+    except ImportError as e:  # pragma: no cover - the hf dependency group is missing
+        raise ImportError("replace_ffn needs `transformers` (the project's `hf` dependency group)") from e
+    config = getattr(model, "config", None)
+    if not isinstance(config, BertConfig | RobertaConfig):
+        kind = type(config).__name__ if config is not None else f"{type(model).__name__} without a config"
+        raise ValueError(f"model: expected a Hugging Face BERT or RoBERTa model, got {kind}")
+    base = getattr(model, "base_model", model)
+    encoder = getattr(base, "encoder", None)
+    layers = getattr(encoder, "layer", None)
+    if layers is None:
+        raise ValueError(f"model: {type(model).__name__} has no encoder.layer to replace FFN layers in")
+    return list(layers)
+
+
+def replace_ffn(model, n_rows: int, layers: int | Iterable[int] | None = None):
+    """Replace ``intermediate.dense`` and ``output.dense`` of the chosen encoder layers of a Hugging
+    Face BERT or RoBERTa ``model`` (any head: ``BertModel``, ``...ForSequenceClassification``…) by
+    ``SlicedBackwardLinear`` layers with ``n_rows``, in place; returns ``model``.
+
+    ``layers``: None for all, an index or indices in [0, num_hidden_layers). The parameters are
+    shared, so the forward is unchanged, exactly; the backward's dX of those layers keeps the first
+    ``n_rows`` flattened (batch·sequence) rows only -- numerically WRONG for training. Calling it
+    again on a replaced model changes n_rows. ``n_rows`` beyond a batch's rows fails at backward.
+    """
+    _check_n_rows(n_rows)
+    encoder_layers = _encoder_layers(model)
+    count = len(encoder_layers)
+    if layers is None:
+        chosen = list(range(count))
+    else:
+        chosen = [layers] if isinstance(layers, int) else list(layers)
+        for i in chosen:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise ValueError(f"layers: expected int indices, got {type(i).__name__}")
+            if not 0 <= i < count:
+                raise ValueError(f"layers: index {i} is out of range for a model of {count} layers")
+    for i in chosen:
+        layer = encoder_layers[i]
+        layer.intermediate.dense = SlicedBackwardLinear.from_linear(layer.intermediate.dense, n_rows)
+        layer.output.dense = SlicedBackwardLinear.from_linear(layer.output.dense, n_rows)
+    return model
