@@ -1,0 +1,244 @@
+"""tritonlab.sparse_ffn: the fixed-slice dX kernel against float64, the layer's gradients against
+autograd through the sliced reference, and BERT/RoBERTa with their FFN layers replaced.
+
+The sliced backward is numerically wrong for training by design; these tests check that it computes
+exactly that wrong thing (dX of the first n_rows rows, zeros after) and nothing else."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tritonlab.sparse_ffn import SlicedBackwardLinear, fixed_slice_matmul, replace_ffn, sliced_backward_linear
+from tritonlab.testing import check_against_float64, poisoned_empty, rel_err
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def sliced_reference(dy: torch.Tensor, w: torch.Tensor, n_rows: int) -> torch.Tensor:
+    dx = torch.zeros(dy.shape[0], w.shape[1], dtype=torch.float64, device=dy.device)
+    dx[:n_rows] = dy[:n_rows].double() @ w.double()
+    return dx
+
+
+def make(shape, dtype, seed):
+    g = torch.Generator(DEVICE).manual_seed(seed)
+    return torch.randn(shape, generator=g, device=DEVICE, dtype=torch.float32).to(dtype)
+
+
+# --- the kernel -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("T", "K", "D"), [(45, 37, 53), (70, 24, 33), (33, 65, 8)])
+@pytest.mark.parametrize("which", ["zero", "one", "all", "all-1", "middle"])
+def test_kernel_against_float64_with_exact_zeros_past_the_slice(dtype, T, K, D, which):
+    n_rows = {"zero": 0, "one": 1, "all": T, "all-1": T - 1, "middle": T // 2 + 3}[which]
+    dy, w = make((T, K), dtype, 0), make((K, D), dtype, 1)
+    with poisoned_empty():
+        dx = fixed_slice_matmul(dy, w, n_rows)
+    assert dx.shape == (T, D) and dx.dtype == dtype
+    assert torch.isfinite(dx).all()
+    assert (dx[n_rows:] == 0).all()
+    ref = sliced_reference(dy, w, n_rows)
+    if n_rows:
+        assert rel_err(dx[:n_rows], ref[:n_rows]) < TOL[dtype]
+
+
+def test_kernel_takes_strided_views_and_empty_shapes():
+    base_dy, base_w = make((40, 60), torch.float32, 2), make((50, 30), torch.float32, 3)
+    dy, w = base_dy[:, ::2], base_w.t()[::1, :]  # dy (40, 30) with column stride 2; w (30, 50) transposed
+    dx = fixed_slice_matmul(dy, w, 17)
+    assert rel_err(dx, sliced_reference(dy, w, 17)) < 1e-5
+    assert fixed_slice_matmul(make((0, 8), torch.float32, 0), make((8, 5), torch.float32, 0), 0).shape == (
+        0,
+        5,
+    )
+    zeros_k = fixed_slice_matmul(make((6, 0), torch.float32, 0), make((0, 5), torch.float32, 0), 3)
+    assert (zeros_k == 0).all() and zeros_k.shape == (6, 5)
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda dy, w: fixed_slice_matmul(dy, w, -1), "n_rows"),
+        (lambda dy, w: fixed_slice_matmul(dy, w, 11), "n_rows"),
+        (lambda dy, w: fixed_slice_matmul(dy, w, 2.0), "n_rows"),
+        (lambda dy, w: fixed_slice_matmul(dy, w, True), "n_rows"),
+        (lambda dy, w: fixed_slice_matmul(dy, w[:7], 3), "w"),
+        (lambda dy, w: fixed_slice_matmul(dy, w.half(), 3), "w"),
+        (lambda dy, w: fixed_slice_matmul(dy[None], w, 3), "dy"),
+        (lambda dy, w: fixed_slice_matmul(dy.double(), w.double(), 3), "dy"),
+        (lambda dy, w: fixed_slice_matmul(dy, w.to("meta"), 3), "w"),
+        (lambda dy, w: fixed_slice_matmul(dy.tolist(), w, 3), "dy"),
+    ],
+)
+def test_bad_kernel_inputs_name_the_argument(call, argument):
+    dy, w = make((10, 8), torch.float32, 0), make((8, 6), torch.float32, 1)
+    with pytest.raises(ValueError, match=f"^{argument}:"):
+        call(dy, w)
+
+
+# --- the layer ------------------------------------------------------------------------------------
+
+
+def reference_layer(n_rows):
+    """y = x Wᵀ + b whose autograd gives dX only through the first n_rows flattened rows, dW and db
+    from all of dY: the sliced backward, written with torch's own operations."""
+
+    def layer(x, w, b):
+        rows = x.reshape(-1, x.shape[-1])
+        sliced = torch.cat([rows[:n_rows], rows[n_rows:].detach()]).reshape(x.shape)
+        return F.linear(sliced, w.detach()) + F.linear(x.detach(), w, b) - F.linear(x.detach(), w.detach())
+
+    return layer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n_rows", [0, 1, 9, 20, 21])
+def test_layer_grads_against_autograd_through_the_sliced_reference(dtype, n_rows):
+    x, w, b = make((3, 7, 40), dtype, 0), make((24, 40), dtype, 1), make((24,), dtype, 2)
+    dy = make((3, 7, 24), dtype, 3)
+    check_against_float64(
+        lambda x, w, b: sliced_backward_linear(x, w, b, n_rows),
+        reference_layer(n_rows),
+        [x, w, b],
+        dy,
+        tol=TOL[dtype] * 2,
+        names=["y", "dx", "dw", "db"],
+    )
+
+
+def test_module_shares_the_parameters_and_forwards_exactly():
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 12).to(DEVICE)
+    sliced = SlicedBackwardLinear.from_linear(linear, 5)
+    assert sliced.weight is linear.weight and sliced.bias is linear.bias
+    assert isinstance(sliced, nn.Linear) and "n_rows=5" in repr(sliced)
+    x = make((2, 4, 16), torch.float32, 0).requires_grad_()
+    assert torch.equal(sliced(x), linear(x))
+    sliced(x).square().sum().backward()
+    assert (x.grad.reshape(-1, 16)[5:] == 0).all() and (x.grad.reshape(-1, 16)[:5] != 0).any()
+    with pytest.raises(ValueError, match="^n_rows:"):
+        SlicedBackwardLinear.from_linear(linear, 9)(x).sum().backward()
+    with pytest.raises(ValueError, match="^n_rows:"):
+        SlicedBackwardLinear.from_linear(linear, -2)
+
+
+# --- BERT and RoBERTa -----------------------------------------------------------------------------
+
+
+def tiny_model(kind: str):
+    transformers = pytest.importorskip("transformers")
+    config_cls, model_cls = {
+        "bert": (transformers.BertConfig, transformers.BertForSequenceClassification),
+        "roberta": (transformers.RobertaConfig, transformers.RobertaForSequenceClassification),
+    }[kind]
+    config = config_cls(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=2,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return model_cls(config).to(DEVICE).train()
+
+
+def batch(model, B=2, S=9):
+    g = torch.Generator(DEVICE).manual_seed(1)
+    ids = torch.randint(5, model.config.vocab_size, (B, S), generator=g, device=DEVICE)
+    return {"input_ids": ids, "labels": torch.tensor([0, 1], device=DEVICE)[:B]}
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_replaced_model_forwards_exactly_and_with_all_rows_gets_the_same_grads(kind):
+    original = tiny_model(kind)
+    replaced = replace_ffn(copy.deepcopy(original), n_rows=2 * 9)
+    for layer in replaced.base_model.encoder.layer:
+        assert isinstance(layer.intermediate.dense, SlicedBackwardLinear)
+        assert isinstance(layer.output.dense, SlicedBackwardLinear)
+    inputs = batch(original)
+    out_o, out_r = original(**inputs), replaced(**inputs)
+    assert torch.equal(out_o.logits, out_r.logits) and torch.equal(out_o.loss, out_r.loss)
+    out_o.loss.backward()
+    out_r.loss.backward()
+    for (name, p_o), p_r in zip(original.named_parameters(), replaced.parameters(), strict=True):
+        assert p_r.grad is not None, name
+        assert rel_err(p_r.grad, p_o.grad, scale=1e-6) < 1e-4, name
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_a_partial_slice_zeroes_the_ffn_input_grads_past_it(kind):
+    original = tiny_model(kind)
+    replaced = replace_ffn(copy.deepcopy(original), n_rows=4, layers=[1])
+    first, second = replaced.base_model.encoder.layer
+    assert type(first.output.dense) is nn.Linear and second.output.dense.n_rows == 4
+    seen = {}
+    second.output.dense.register_full_backward_hook(lambda m, gi, go: seen.update(dx=gi[0]))
+    out = replaced(**batch(replaced))
+    assert torch.equal(out.logits, original(**batch(original)).logits)
+    out.loss.backward()
+    dx = seen["dx"].reshape(-1, seen["dx"].shape[-1])
+    assert (dx[4:] == 0).all() and (dx[:4] != 0).any()
+
+
+def test_replace_ffn_refuses_other_models_bad_layers_and_bad_n_rows():
+    transformers = pytest.importorskip("transformers")
+    model = tiny_model("bert")
+    with pytest.raises(ValueError, match="^layers:.*out of range"):
+        replace_ffn(model, 3, layers=[0, 2])
+    with pytest.raises(ValueError, match="^layers:.*out of range"):
+        replace_ffn(model, 3, layers=-1)
+    with pytest.raises(ValueError, match="^layers:"):
+        replace_ffn(model, 3, layers=["0"])
+    with pytest.raises(ValueError, match="^n_rows:"):
+        replace_ffn(model, -1)
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    with pytest.raises(ValueError, match="^model:.*GPT2Config"):
+        replace_ffn(gpt2, 3)
+    with pytest.raises(ValueError, match="^model:"):
+        replace_ffn(nn.Linear(4, 4), 3)
+    assert type(model.base_model.encoder.layer[0].output.dense) is nn.Linear  # nothing was replaced
+
+
+# --- on a GPU: bf16 at BERT-base shapes -----------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("K", "D"), [(3072, 768), (768, 3072)])
+@pytest.mark.parametrize("fraction", [0, 1 / 8, 1 / 2, 1])
+def test_gpu_kernel_at_bert_base_shapes(dtype, K, D, fraction):
+    T = 32 * 128 + 5  # a ragged last row block
+    n_rows = int(T * fraction)
+    dy, w = make((T, K), dtype, 0), make((K, D), dtype, 1)
+    with poisoned_empty():
+        dx = fixed_slice_matmul(dy, w, n_rows)
+    assert (dx[n_rows:] == 0).all()
+    if n_rows:
+        assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[dtype]
+        cublas = dy[:n_rows] @ w
+        assert rel_err(dx[:n_rows], cublas) < TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_layer_grads_against_the_sliced_reference():
+    dtype = torch.bfloat16
+    x, w, b = make((8, 512, 768), dtype, 0), make((3072, 768), dtype, 1), make((3072,), dtype, 2)
+    check_against_float64(
+        lambda x, w, b: sliced_backward_linear(x, w, b, 1000),
+        reference_layer(1000),
+        [x, w, b],
+        make((8, 512, 3072), dtype, 3),
+        tol=2e-2,
+        names=["y", "dx", "dw", "db"],
+    )
