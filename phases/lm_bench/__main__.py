@@ -4,6 +4,9 @@
     python -m phases lm_bench timing --size small medium --context 128 512 --mode train --dtype bf16
     python -m phases lm_bench warmup              # 0, 1, 2 and 5 warm-up steps, per-step times kept
     python -m phases lm_bench precision           # fp32/fp16 accumulation; dtypes under bf16 autocast
+    python -m phases lm_bench profile             # NVTX ranges; torch.profiler's top kernels; softmax vs matmuls
+    python -m phases lm_bench memory              # memory snapshots and timelines; peaks by context; a derivation
+    python -m phases lm_bench compile             # torch.compile against eager: forward, backward, optimizer step
     python -m phases lm_bench ours                # our kernels against eager: loss/grads checked, then timed
 
 The model is ``tritonlab.models.TransformerLM`` (pre-norm, RoPE, SwiGLU, untied output layer, vocab
@@ -38,12 +41,16 @@ from .bench import (
     warmup_cells,
 )
 from .report import REPORT
+from .study import PROFILE_MODES, compile_jobs, memory_jobs, nvtx_attention, profile_jobs, run_jobs
 
 PHASE = "lm_bench"
 PARTS = {
     "timing": "every size x context x mode x dtype: mean, std and per-step times (the default part)",
     "warmup": f"the same steps after {', '.join(map(str, WARMUP_STEPS))} warm-up steps",
     "precision": "the fp32/fp16 accumulation experiment and a toy model's dtypes under bf16 autocast",
+    "profile": "NVTX ranges and torch.profiler's top kernels (forward; train step); attention's softmax vs matmuls",
+    "memory": "memory-history snapshots and timeline PNGs; peak memory by context; a residual-stream size derived",
+    "compile": "the model under torch.compile against eager: forward, forward-backward, train (per mode)",
     "ours": "our Triton kernels swapped in: loss and gradients checked, then timed against eager",
 }
 # The GPU defaults of each part: (sizes, contexts, modes, dtypes).
@@ -51,12 +58,18 @@ GPU_DEFAULTS = {
     "timing": (GPU_SIZES, GPU_CONTEXTS, MODES, ("fp32", "bf16")),
     "warmup": (("small", "medium", "large"), (256,), ("forward", "forward-backward"), ("fp32",)),
     "precision": ((), (), (), ()),
+    "profile": (("small",), (512,), PROFILE_MODES, ("fp32", "bf16")),
+    "memory": (("2.7B",), GPU_CONTEXTS, PROFILE_MODES, ("fp32", "bf16")),
+    "compile": (GPU_SIZES, GPU_CONTEXTS, MODES, ("bf16",)),
     "ours": (("small", "medium", "large", "xl", "2.7B"), GPU_CONTEXTS, ("train",), ("bf16",)),
 }
 CPU_DEFAULTS = {
     "timing": (CPU_SIZES, CPU_CONTEXTS, MODES, ("fp32",)),
     "warmup": (CPU_SIZES, CPU_CONTEXTS, ("forward-backward",), ("fp32",)),
     "precision": ((), (), (), ()),
+    "profile": (CPU_SIZES, CPU_CONTEXTS, PROFILE_MODES, ("fp32",)),
+    "memory": (CPU_SIZES, CPU_CONTEXTS, PROFILE_MODES, ("fp32",)),
+    "compile": (CPU_SIZES, (16,), ("forward",), ("fp32",)),
     "ours": (CPU_SIZES, CPU_CONTEXTS, ("train",), ("fp32",)),
 }
 
@@ -146,6 +159,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VARIANT",
         help=f"what ours times side by side, any of {', '.join(OURS_VARIANTS)} (default: all)",
     )
+    parser.add_argument(
+        "--nvtx-attention",
+        action="store_true",
+        help="profile: NVTX and profiler ranges inside naive attention (scores, softmax, weighted sum)",
+    )
+    parser.add_argument(
+        "--top", type=count(1), default=10, help="profile: kernels per table (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--snapshot-context",
+        type=count(1),
+        default=None,
+        help="memory: the context of the memory-history snapshots (default 128 on a GPU, the first "
+        "--context on the CPU)",
+    )
     return parser
 
 
@@ -174,8 +202,17 @@ def parse_args(argv=None) -> argparse.Namespace:
             )
         if args.part == "ours":
             refuse_bf16_on_cpu(parser, *args.dtype)
+    if args.snapshot_context is None:
+        args.snapshot_context = 128 if ON_GPU else args.context[0]
+    elif args.part != "memory":
+        parser.error(f"--snapshot-context: only the memory part takes it, not {args.part}")
+    if args.part in ("profile", "memory") and set(args.mode) - set(PROFILE_MODES):
+        bad = " ".join(m for m in args.mode if m not in PROFILE_MODES)
+        parser.error(f"--mode {bad}: the {args.part} part takes {' or '.join(PROFILE_MODES)}")
+    if args.nvtx_attention and args.part != "profile":
+        parser.error(f"--nvtx-attention: only the profile part takes it, not {args.part}")
     for size in args.size:
-        for context in args.context:
+        for context in [*args.context, *([args.snapshot_context] if args.part == "memory" else [])]:
             try:
                 lm_config(size, context)
             except ValueError as err:
@@ -201,6 +238,36 @@ def print_step(row: dict) -> None:
         print(f"    loss rel err {row['loss_rel_err']:.2e}, worst gradient rel err {row['grad_rel_err']:.2e}")
 
 
+def _status(row: dict) -> str:
+    return f"{row['status']}: {row.get('error', '')}"
+
+
+def print_profile(row: dict) -> None:
+    head = f"  {row['size']} ctx {row['context']} {row['mode']} {row['dtype']}"
+    if row.get("status") != "ok":
+        print(f"{head} {_status(row)}")
+    elif row.get("table") == "kernels":
+        print(f"{head} #{row['rank']:<2d} {row['total_ms']:9.3f} ms {row['share']:6.1%} x{row['calls']:<5d} "
+              f"{row['kernel'][:70]}")  # fmt: skip
+    else:
+        print(
+            f"{head} attention {row['component']:8s} {row['total_ms']:9.3f} ms/step, {row['flops']:.3g} FLOPs"
+        )
+
+
+def print_memory(row: dict) -> None:
+    head = f"  {row['variant']:10s} {row['size']} ctx {row['context']} {row['mode']} {row['dtype']}"
+    if row.get("status") != "ok":
+        print(f"{head} {_status(row)}")
+    elif row.get("table") == "derivation":
+        print(f"{head} {row['tensor']}: {row['formula']} = {row['derived_bytes']:,d} B derived, "
+              f"{row['measured_bytes']:,d} B measured")  # fmt: skip
+    elif row.get("table") == "peak":
+        print(f"{head} peak {row['peak_mem_gb']:.3f} GB")
+    else:
+        print(f"{head} snapshot {row['snapshot']}, timeline {row['timeline_png']}")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     from common.cli import phase_run
@@ -222,7 +289,21 @@ def main(argv=None) -> None:
             f"modes {' '.join(args.mode)}; dtypes {' '.join(args.dtype)}; batch {args.batch}; "
             f"{args.steps} timed steps"
         )
-        if args.part == "timing":
+        if args.part == "profile":
+            jobs = profile_jobs(*grid, warmup=args.warmup, top=args.top, nvtx_attention=args.nvtx_attention,
+                                **shared)  # fmt: skip
+            with nvtx_attention(args.nvtx_attention):
+                run_jobs(writer, jobs, on_row=print_profile)
+        elif args.part == "memory":
+            jobs = memory_jobs(*grid, batch=args.batch, snapshot_context=args.snapshot_context)
+            run_jobs(writer, jobs, on_row=print_memory)
+        elif args.part == "compile":
+            from common.timing import compile_in_process
+
+            compile_in_process()
+            jobs = compile_jobs(args.size, args.context, args.mode, args.dtype, warmup=args.warmup, **shared)
+            run_jobs(writer, jobs, on_row=print_step)
+        elif args.part == "timing":
             run_cells(
                 writer,
                 timing_cells(*grid, warmup=args.warmup, attention=args.attention, **shared),

@@ -20,6 +20,7 @@ SwiGLU, RoPE and cross-entropy::
 
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -105,8 +106,46 @@ def param_count(cfg: LMConfig) -> int:
 # --- the PyTorch components ------------------------------------------------------------------------
 
 
+# Named ranges inside naive attention (scores, softmax, weighted sum), for Nsight Systems (NVTX, on a
+# GPU) and torch.profiler (record_function). Off by default: the default path only reads this flag.
+_ATTENTION_RANGES = False
+
+
+def set_attention_ranges(on: bool) -> bool:
+    """Turn the ranges inside :func:`naive_causal_attention` on or off; returns the previous setting."""
+    global _ATTENTION_RANGES
+    previous, _ATTENTION_RANGES = _ATTENTION_RANGES, bool(on)
+    return previous
+
+
+@contextmanager
+def _range(name: str, cuda: bool):
+    with torch.profiler.record_function(name):
+        if cuda:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            if cuda:
+                torch.cuda.nvtx.range_pop()
+
+
+def _naive_attention_with_ranges(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    T, D = q.shape[-2], q.shape[-1]
+    with _range("attention: scores", q.is_cuda):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)
+    with _range("attention: softmax", q.is_cuda):
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    with _range("attention: weighted sum", q.is_cuda):
+        return weights @ v
+
+
 def naive_causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """softmax(q kᵀ / sqrt(D) + causal mask) v, written out: the T x T scores are materialised."""
+    """softmax(q kᵀ / sqrt(D) + causal mask) v, written out: the T x T scores are materialised.
+    With :func:`set_attention_ranges` on, the three steps run inside named NVTX / profiler ranges."""
+    if _ATTENTION_RANGES:
+        return _naive_attention_with_ranges(q, k, v)
     T, D = q.shape[-2], q.shape[-1]
     scores = q @ k.transpose(-2, -1) / math.sqrt(D)
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
@@ -365,6 +404,7 @@ __all__ = [
     "rms_norm_eager",
     "rope_eager",
     "sdpa_causal_attention",
+    "set_attention_ranges",
     "swiglu_eager",
     "torch_components",
 ]
