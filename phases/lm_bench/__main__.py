@@ -203,7 +203,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if args.part == "ours":
             refuse_bf16_on_cpu(parser, *args.dtype)
     if args.snapshot_context is None:
-        args.snapshot_context = 128 if ON_GPU else args.context[0]
+        args.snapshot_context = 128 if ON_GPU or not args.context else args.context[0]
     elif args.part != "memory":
         parser.error(f"--snapshot-context: only the memory part takes it, not {args.part}")
     if args.part in ("profile", "memory") and set(args.mode) - set(PROFILE_MODES):

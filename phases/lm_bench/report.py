@@ -149,8 +149,129 @@ def _ours(df: pd.DataFrame) -> str:
     return "\n".join(out) + failures_table(rows.loc[rows["variant"] != "check"])
 
 
+def _ok(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.loc[rows["status"] == "ok"] if "status" in rows else rows
+
+
+def _profile(df: pd.DataFrame) -> str:
+    rows = _latest_run(_part(df, "profile"))
+    if rows.empty:
+        return ""
+    out = ["## profile\n", "torch.profiler over the timed steps (after warm-up), naive attention: the top CUDA "
+           "kernels by total time (`share` of all kernel time in the profile), for forward only and for a "
+           "full train step (forward, backward, AdamW). Forward, backward and the optimizer step sit in NVTX "
+           "ranges for Nsight Systems (`--nvtx-attention` adds scores / softmax / weighted sum).\n"]  # fmt: skip
+    ok = _ok(rows)
+    kernels = ok.loc[ok["table"] == "kernels"] if "table" in ok else ok.iloc[:0]
+    for keys, group in kernels.groupby(["size", "context", "dtype", "mode"], sort=False):
+        size, context, dtype, mode = keys
+        out.append(f"\n### {size}, context {context}, {dtype}, {mode}\n")
+        out.append(markdown_table(group, _cols(group, ["rank", "kernel", "calls", "total_ms", "share"])))
+        top = group.sort_values("total_ms", ascending=False).iloc[0]
+        out.append(f"\nThe top kernel `{str(top['kernel'])[:80]}` takes {top['share']:.0%} of kernel time.\n")
+    att = ok.loc[ok["table"] == "attention"] if "table" in ok else ok.iloc[:0]
+    if not att.empty:
+        out += ["\n### attention: softmax against its matmuls (forward, per step, all layers)\n",
+                "Time from the profile (aten::_softmax against aten::bmm, the scores and weighted-sum "
+                "matmuls); FLOPs analytic: 2·2·B·H·T²·D for the two matmuls, ~5·B·H·T² for the softmax.\n",
+                markdown_table(att, _cols(att, ["size", "context", "dtype", "component", "calls", "total_ms",
+                                                "flops", "tflops"]))]  # fmt: skip
+        for (size, context, dtype), g in att.groupby(["size", "context", "dtype"], sort=False):
+            by = g.set_index("component")
+            if {"matmul", "softmax"} <= set(by.index):
+                t_ratio = by.loc["softmax", "total_ms"] / by.loc["matmul", "total_ms"]
+                f_ratio = by.loc["softmax", "flops"] / by.loc["matmul", "flops"]
+                out.append(
+                    f"- {size}, context {context}, {dtype}: the softmax takes {t_ratio:.2f}× the matmuls' "
+                    f"time for {f_ratio:.3f}× their FLOPs -- it is bound by memory traffic over the T×T "
+                    "scores, not by arithmetic.\n"
+                )
+    return "\n".join(out) + failures_table(rows)
+
+
+def _memory(df: pd.DataFrame) -> str:
+    rows = _latest_run(_part(df, "memory"))
+    if rows.empty:
+        return ""
+    out = ["## memory\n"]
+    ok = _ok(rows)
+    der = ok.loc[ok["variant"] == "derivation"]
+    if not der.empty:
+        out += ["One residual-stream tensor (the first block's output, B×T×d_model; float32 even under bf16 "
+                "autocast, since the blocks' outputs are added to the fp32 embedding) derived as "
+                "B·T·d_model·bytes against the measured size of that tensor:\n",
+                markdown_table(der, _cols(der, ["size", "context", "dtype", "tensor_shape", "tensor_dtype",
+                                                "formula", "derived_bytes", "measured_bytes", "derived_mb",
+                                                "matches"]))]  # fmt: skip
+    snaps = ok.loc[ok["variant"] == "snapshot"]
+    if not snaps.empty:
+        out.append("\nMemory-history snapshots of one step (after a warm-up step, so AdamW's state exists); "
+                   "open the pickles in https://pytorch.org/memory_viz. Active memory over the step:\n")  # fmt: skip
+        out.append(markdown_table(snaps, _cols(snaps, ["size", "context", "mode", "dtype", "snapshot",
+                                                       "trace_peak_gib"])))  # fmt: skip
+        for _, r in snaps.iterrows():
+            out.append(f"\n![{r['size']} ctx {r['context']} {r['mode']} {r['dtype']}]({r['timeline_png']})\n")
+    peaks = rows.loc[rows["variant"] == "peak"]
+    if not peaks.empty:
+        out.append(
+            "\nPeak allocated memory of one step (model, gradients, AdamW state and activations), by context:\n"
+        )
+        good = _ok(peaks)
+        if not good.empty:
+            wide = good.pivot_table(
+                index=["size", "context"], columns=["mode", "dtype"], values="peak_mem_gb"
+            )
+            wide.columns = [f"{m} {d} (GB)" for m, d in wide.columns]
+            wide = wide.reset_index()
+            out.append(markdown_table(wide))
+            for (size, mode, dtype), g in good.groupby(["size", "mode", "dtype"], sort=False):
+                g = g.sort_values("context")
+                if len(g) > 1:
+                    lo, hi = g.iloc[0], g.iloc[-1]
+                    out.append(f"- {size} {mode} {dtype}: {lo['peak_mem_gb']:.2f} GB at context {lo['context']}, "
+                               f"{hi['peak_mem_gb']:.2f} GB at {hi['context']}.\n")  # fmt: skip
+    return "\n".join(out) + failures_table(rows)
+
+
+def _compile(df: pd.DataFrame) -> str:
+    rows = _latest_run(_part(df, "compile"))
+    if rows.empty:
+        return ""
+    out = ["## compile\n", "The model's loss (forward and cross-entropy) under `torch.compile` against eager, "
+           "per mode; AdamW is the same eager step in both. `first_call_ms` is the first call (the compile, "
+           "for `compiled`). Naive attention alone, eager against compiled: `python -m phases flash2 "
+           "compile-bench`.\n"]  # fmt: skip
+    ok = _ok(rows)
+    if not ok.empty:
+        wide = ok.pivot_table(index=["size", "context", "mode", "dtype"], columns="variant", values="mean_ms")
+        wide = wide.reset_index()
+        wide["_order"] = wide["size"].map(SIZE_ORDER)
+        wide["_mode"] = wide["mode"].map(MODE_ORDER)
+        wide = wide.sort_values(["dtype", "_order", "context", "_mode"])
+        cols = ["size", "context", "mode", "dtype", *[v for v in ("eager", "compiled") if v in wide]]
+        if {"eager", "compiled"} <= set(wide.columns):
+            wide["compile speedup"] = wide["eager"] / wide["compiled"]
+            cols.append("compile speedup")
+        out += ["Mean step time (ms):\n", markdown_table(wide, cols)]
+        if "compile speedup" in wide:
+            for mode, g in wide.dropna(subset=["compile speedup"]).groupby("mode", sort=False):
+                out.append(f"- {mode}: torch.compile gives {g['compile speedup'].min():.2f}× to "
+                           f"{g['compile speedup'].max():.2f}× over eager.\n")  # fmt: skip
+        out.append("\n" + markdown_table(ok, _cols(ok, ["size", "context", "mode", "dtype", "variant",
+                                                         "first_call_ms", "mean_ms", "std_ms", "peak_mem_gb"])))  # fmt: skip
+    return "\n".join(out) + failures_table(rows)
+
+
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    sections = [_timing(df), _warmup(df, fig), _precision(df), _ours(df)]
+    sections = [
+        _timing(df),
+        _warmup(df, fig),
+        _precision(df),
+        _profile(df),
+        _memory(df),
+        _compile(df),
+        _ours(df),
+    ]
     body = "\n".join(s for s in sections if s)
     return body or "_no rows of a known part_\n"
 

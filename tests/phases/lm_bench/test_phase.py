@@ -41,6 +41,14 @@ def _rows() -> list[dict]:
         ["--warmup", "-1"],
         ["--batch", "x"],
         ["ours", "--variants", "compiled"],
+        ["profile", "--top", "0"],
+        ["profile", "--mode", "forward-backward"],
+        ["memory", "--mode", "forward-backward"],
+        ["memory", "--snapshot-context", "0"],
+        ["memory", "--snapshot-context", "65"],
+        ["timing", "--snapshot-context", "32"],
+        ["timing", "--nvtx-attention"],
+        ["compile", "--dtype", "fp64"],
     ],
 )
 def test_bad_input_is_an_argparse_error(argv, capsys):
@@ -151,6 +159,78 @@ def test_an_oom_in_the_sweep_is_a_row_and_the_sweep_goes_on(monkeypatch):
     assert "out of memory" in rows[1]["error"]
 
 
+@pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
+def test_profile_writes_top_ops_and_attentions_softmax_against_matmuls(capsys):
+    argv = ["profile", "--context", "16", "--steps", "1", "--warmup", "1", "--top", "5", "--nvtx-attention"]
+    _main().main([*argv, "--no-report"])
+    rows = _rows()
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    for mode in ("forward", "train"):
+        table = [r for r in rows if r["mode"] == mode and r["table"] == "kernels"]
+        assert [int(r["rank"]) for r in table] == [1, 2, 3, 4, 5]
+        assert all(r["kind"].startswith("cpu op") and r["kernel"].startswith("aten::") for r in table)
+        assert sum(float(r["share"]) for r in table) <= 1.0 + 1e-9 and float(table[0]["total_ms"]) > 0
+        assert all(r["nvtx_attention"] == "True" for r in table)
+    att = {r["component"]: r for r in rows if r["table"] == "attention"}
+    assert set(att) == {"matmul", "softmax"} and all(r["mode"] == "forward" for r in att.values())
+    cfg = phase_module("lm_bench", "study").LM_SIZES["tiny"]
+    bht2 = 4 * cfg.n_heads * 16 * 16 * cfg.n_layers
+    assert int(att["matmul"]["flops"]) == 4 * bht2 * cfg.head_dim and int(att["softmax"]["flops"]) == 5 * bht2
+    assert int(att["softmax"]["calls"]) == cfg.n_layers and int(att["matmul"]["calls"]) == 2 * cfg.n_layers
+    from tritonlab.models.lm import _ATTENTION_RANGES
+
+    assert _ATTENTION_RANGES is False  # the flag is put back after the part
+
+
+@pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
+def test_memory_on_the_cpu_checks_the_derivation_and_skips_the_rest():
+    _main().main(["memory", "--context", "16", "32", "--no-report"])
+    rows = _rows()
+    der = [r for r in rows if r["variant"] == "derivation"]
+    assert len(der) == 1 and der[0]["status"] == "ok" and der[0]["matches"] == "True"
+    assert int(der[0]["derived_bytes"]) == 4 * 16 * 64 * 4 == int(der[0]["measured_bytes"])
+    assert der[0]["tensor_shape"] == "4x16x64" and der[0]["tensor_dtype"] == "float32"
+    skipped = [r for r in rows if r["variant"] != "derivation"]
+    assert [(r["variant"], r["context"], r["mode"]) for r in skipped] == [
+        ("snapshot", "16", "forward"), ("snapshot", "16", "train"), ("peak", "16", "forward"),
+        ("peak", "16", "train"), ("peak", "32", "forward"), ("peak", "32", "train"),
+    ]  # fmt: skip
+    assert all(r["status"] == "skipped" and "no CUDA GPU" in r["error"] for r in skipped)
+
+
+def test_the_residual_stream_under_bf16_autocast_stays_fp32():
+    study = phase_module("lm_bench", "study")
+    (row,) = study.residual_derivation("tiny", 8, "bf16", 2)
+    assert (
+        row["tensor_dtype"] == "float32" and row["derived_bytes"] == 2 * 8 * 64 * 4 == row["measured_bytes"]
+    )
+
+
+def test_the_timeline_is_drawn_from_a_snapshot(tmp_path):
+    study = phase_module("lm_bench", "study")
+    snapshot = {  # 100 bytes allocated before recording; +50, +30, -50, +10 traced
+        "segments": [{"device": 0, "blocks": [{"size": 100, "state": "active_allocated"},
+                                              {"size": 30, "state": "active_allocated"},
+                                              {"size": 10, "state": "active_allocated"},
+                                              {"size": 64, "state": "inactive"}]}],
+        "device_traces": [[{"action": "alloc", "size": 50}, {"action": "alloc", "size": 30},
+                           {"action": "free_requested", "size": 50}, {"action": "free_completed", "size": 50},
+                           {"action": "segment_alloc", "size": 512}, {"action": "alloc", "size": 10}]],
+    }  # fmt: skip
+    assert study.active_timeline(snapshot) == ([0, 1, 2, 3, 4], [100, 150, 180, 130, 140])
+    assert study.draw_timeline(snapshot, tmp_path / "t.png", "test") == 180
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
+def test_compile_times_eager_and_compiled_per_mode():
+    _main().main(["compile", "--context", "8", "--steps", "1", "--warmup", "0", "--no-report"])
+    rows = _rows()
+    assert [(r["variant"], r["mode"]) for r in rows] == [("eager", "forward"), ("compiled", "forward")]
+    assert all(r["status"] == "ok" and float(r["mean_ms"]) > 0 for r in rows), [r["error"] for r in rows]
+    assert float(rows[1]["first_call_ms"]) > float(rows[1]["mean_ms"])  # the first call compiles
+
+
 def _gpu_rows() -> pd.DataFrame:
     rows = []
 
@@ -172,6 +252,24 @@ def _gpu_rows() -> pd.DataFrame:
         rows[-1]["std_ms"] = std
     add("precision", "fp16 += fp16", "scalar", "", "", "fp16", value=9.953125, abs_err=0.046875)
     add("precision", "autocast-bf16", "toy", "", "", "bf16", tensor="logits", seen_dtype="bfloat16")
+    for mode, rank, kernel, ms, share in (("forward", 1, "sm90_xmma_gemm", 5.0, 0.6),
+                                          ("forward", 2, "softmax_warp_forward", 2.0, 0.24),
+                                          ("train", 1, "sm90_xmma_gemm", 15.0, 0.7)):  # fmt: skip
+        add("profile", "eager-naive", "small", 512, mode, "bf16", table="kernels", rank=rank, kernel=kernel,
+            calls=48, total_ms=ms, share=share)  # fmt: skip
+    add("profile", "eager-naive", "small", 512, "forward", "bf16", table="attention", component="matmul",
+        total_ms=1.0, flops=2.4e11, calls=24)  # fmt: skip
+    add("profile", "eager-naive", "small", 512, "forward", "bf16", table="attention", component="softmax",
+        total_ms=1.5, flops=7.5e8, calls=12)  # fmt: skip
+    add("memory", "derivation", "2.7B", 128, "forward", "bf16", table="derivation", derived_bytes=5242880,
+        measured_bytes=5242880, matches=True)  # fmt: skip
+    add("memory", "snapshot", "2.7B", 128, "train", "bf16", table="snapshot", snapshot="lm_bench_memory/x.pickle",
+        timeline_png="figures/x.png", trace_peak_gib=60.0)  # fmt: skip
+    for context, gb in ((128, 55.0), (256, 58.0)):
+        add("memory", "peak", "2.7B", context, "train", "bf16", table="peak", peak_mem_gb=gb)
+    add("memory", "peak", "2.7B", 1024, "train", "fp32", table="peak", status="oom")
+    for variant, ms in (("eager", 30.0), ("compiled", 20.0)):
+        add("compile", variant, "small", 512, "train", "bf16", ms, first_call_ms=ms * 100)
     add("ours", "check", "medium", 512, "check", "bf16", loss=9.3, loss_rel_err=1e-3, grad_rel_err=1e-2)
     for context, naive, sdpa, ours in ((512, 100.0, 80.0, 60.0), (1024, 200.0, 150.0, 140.0)):
         add("ours", "eager-naive", "medium", context, "train", "bf16", naive)
@@ -190,8 +288,20 @@ def test_the_report_renders_and_gives_the_issues_verdict(tmp_path):
     assert abs(missed.ratio - 150 / 140) < 1e-9 and missed.verdict().startswith("missed")
     assert verdicts["xl, context 512, train step, bf16"].verdict() == "not measured"
     text = report.render(_gpu_rows(), Figures("lm_bench", tmp_path, GPU))
-    for heading in ("## timing", "## warm-up", "## precision", "## ours"):
+    for heading in (
+        "## timing",
+        "## warm-up",
+        "## precision",
+        "## profile",
+        "## memory",
+        "## compile",
+        "## ours",
+    ):
         assert heading in text
+    assert "softmax takes 1.50× the matmuls' time for 0.003× their FLOPs" in text
+    assert "takes 60% of kernel time" in text and "![2.7B ctx 128 train bf16](figures/x.png)" in text
+    assert "2.7B train bf16: 55.00 GB at context 128, 58.00 GB at 256" in text
+    assert "train: torch.compile gives 1.50× to 1.50× over eager" in text
     assert "fp32 against bf16 autocast" in text and "oom" in text and "speedup vs best eager" in text
     assert (tmp_path / "figures" / "lm_bench_warmup_std.png").exists()
     assert (

@@ -133,3 +133,23 @@ def test_bad_tokens_name_the_argument():
         model.loss(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="^context:"):
         random_batch(cfg, 1, 17)
+
+
+def test_attention_ranges_change_nothing_and_show_in_the_profiler():
+    from tritonlab.models.lm import set_attention_ranges
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 8, device=DEVICE) for _ in range(3))
+    plain = naive_causal_attention(q, k, v)
+    assert set_attention_ranges(True) is False
+    try:
+        with torch.profiler.profile() as prof:
+            ranged = naive_causal_attention(q, k, v)
+    finally:
+        assert set_attention_ranges(False) is True
+    assert torch.equal(plain, ranged)
+    names = {e.key for e in prof.key_averages()}
+    assert {"attention: scores", "attention: softmax", "attention: weighted sum"} <= names
+    with torch.profiler.profile() as prof:
+        naive_causal_attention(q, k, v)
+    assert not any(e.key.startswith("attention:") for e in prof.key_averages())
