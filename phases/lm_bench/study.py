@@ -292,7 +292,7 @@ def snapshot_one(size, context, mode, dtype, batch) -> list[dict]:
     step = make_step(model, Plan("eager-naive", size, context, mode, dtype, batch, 1, 1))
     step()
     sync()
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     try:
         step()
         sync()
