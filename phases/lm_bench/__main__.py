@@ -41,7 +41,7 @@ from .bench import (
     warmup_cells,
 )
 from .report import REPORT
-from .study import PROFILE_MODES, compile_jobs, memory_jobs, nvtx_attention, profile_jobs, run_jobs
+from .study import PROFILE_MODES, compile_jobs, memory_jobs, profile_jobs, run_jobs
 
 PHASE = "lm_bench"
 PARTS = {
@@ -292,8 +292,7 @@ def main(argv=None) -> None:
         if args.part == "profile":
             jobs = profile_jobs(*grid, warmup=args.warmup, top=args.top, nvtx_attention=args.nvtx_attention,
                                 **shared)  # fmt: skip
-            with nvtx_attention(args.nvtx_attention):
-                run_jobs(writer, jobs, on_row=print_profile)
+            run_jobs(writer, jobs, on_row=print_profile)
         elif args.part == "memory":
             jobs = memory_jobs(*grid, batch=args.batch, snapshot_context=args.snapshot_context)
             run_jobs(writer, jobs, on_row=print_memory)

@@ -19,7 +19,6 @@ from common.report import reports_dir
 from common.results import ResultWriter, failure_row
 from common.timing import nvtx_range
 from tritonlab.models import LM_SIZES, TransformerLM, lm_config, param_count, random_batch
-from tritonlab.models.lm import set_attention_ranges
 
 from .bench import Plan, autocast, components_for, make_step, step_row, sync, time_steps
 
@@ -186,10 +185,10 @@ def attention_rows(events, cfg, batch: int, context: int, steps: int) -> list[di
     return rows
 
 
-def profile_one(size, context, mode, dtype, batch, warmup, steps, top) -> list[dict]:
+def profile_one(size, context, mode, dtype, batch, warmup, steps, top, variant) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
-    model = _build(size, context)
+    model = _build(size, context, variant)
     step = ranged_step(model, mode, dtype, batch, context)
     for _ in range(warmup):
         step()
@@ -211,6 +210,8 @@ def profile_one(size, context, mode, dtype, batch, warmup, steps, top) -> list[d
 def profile_jobs(
     sizes, contexts, modes, dtypes, *, batch, warmup, steps, top, nvtx_attention
 ) -> Iterator[Job]:
+    # The ranges inside attention come with a component of their own: the default path stays as is.
+    variant = "eager-naive-ranges" if nvtx_attention else "eager-naive"
     for dtype in dtypes:
         for size in sizes:
             for context in contexts:
@@ -218,7 +219,10 @@ def profile_jobs(
                     key = _key("profile", "eager-naive", size, context, mode, dtype, batch, warmup=warmup,
                                steps=steps, nvtx_attention=nvtx_attention)  # fmt: skip
                     yield Job(
-                        key, lambda a=(size, context, mode, dtype): profile_one(*a, batch, warmup, steps, top)
+                        key,
+                        lambda a=(size, context, mode, dtype): profile_one(
+                            *a, batch, warmup, steps, top, variant
+                        ),
                     )
 
 
@@ -421,16 +425,3 @@ def compile_jobs(sizes, contexts, modes, dtypes, *, batch, warmup, steps) -> Ite
                             *a, batch, warmup, steps
                         ),
                     )
-
-
-def nvtx_attention(on: bool):
-    """Context: the ranges inside naive attention on for a block, as the --nvtx-attention flag asks."""
-
-    class _Ctx:
-        def __enter__(self):
-            self.previous = set_attention_ranges(on)
-
-        def __exit__(self, *exc):
-            set_attention_ranges(self.previous)
-
-    return _Ctx()

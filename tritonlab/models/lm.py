@@ -106,18 +106,6 @@ def param_count(cfg: LMConfig) -> int:
 # --- the PyTorch components ------------------------------------------------------------------------
 
 
-# Named ranges inside naive attention (scores, softmax, weighted sum), for Nsight Systems (NVTX, on a
-# GPU) and torch.profiler (record_function). Off by default: the default path only reads this flag.
-_ATTENTION_RANGES = False
-
-
-def set_attention_ranges(on: bool) -> bool:
-    """Turn the ranges inside :func:`naive_causal_attention` on or off; returns the previous setting."""
-    global _ATTENTION_RANGES
-    previous, _ATTENTION_RANGES = _ATTENTION_RANGES, bool(on)
-    return previous
-
-
 @contextmanager
 def _range(name: str, cuda: bool):
     with torch.profiler.record_function(name):
@@ -130,7 +118,9 @@ def _range(name: str, cuda: bool):
                 torch.cuda.nvtx.range_pop()
 
 
-def _naive_attention_with_ranges(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def naive_causal_attention_ranged(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """:func:`naive_causal_attention` with its three steps (scores, softmax, weighted sum) inside named
+    ranges, for Nsight Systems (NVTX, on a GPU) and torch.profiler: the "naive-ranges" component."""
     T, D = q.shape[-2], q.shape[-1]
     with _range("attention: scores", q.is_cuda):
         scores = q @ k.transpose(-2, -1) / math.sqrt(D)
@@ -143,9 +133,7 @@ def _naive_attention_with_ranges(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 def naive_causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """softmax(q kᵀ / sqrt(D) + causal mask) v, written out: the T x T scores are materialised.
-    With :func:`set_attention_ranges` on, the three steps run inside named NVTX / profiler ranges."""
-    if _ATTENTION_RANGES:
-        return _naive_attention_with_ranges(q, k, v)
+    (:func:`naive_causal_attention_ranged` names its steps for a profiler.)"""
     T, D = q.shape[-2], q.shape[-1]
     scores = q @ k.transpose(-2, -1) / math.sqrt(D)
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
@@ -232,6 +220,7 @@ def _cross_entropy_triton(logits: Tensor, targets: Tensor) -> Tensor:
 
 LM_ATTENTIONS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
     "naive": naive_causal_attention,
+    "naive-ranges": naive_causal_attention_ranged,
     "sdpa": sdpa_causal_attention,
     "flash2": flash_causal_attention,
 }
@@ -398,13 +387,13 @@ __all__ = [
     "flash_causal_attention",
     "lm_config",
     "naive_causal_attention",
+    "naive_causal_attention_ranged",
     "our_components",
     "param_count",
     "random_batch",
     "rms_norm_eager",
     "rope_eager",
     "sdpa_causal_attention",
-    "set_attention_ranges",
     "swiglu_eager",
     "torch_components",
 ]
