@@ -6,6 +6,7 @@ nothing: the entry points (``python -m phases``, the tests' conftest) call
 :func:`use_interpreter_without_gpu` first.
 """
 
+import contextlib
 import os
 import sys
 
@@ -28,6 +29,17 @@ def use_interpreter_without_gpu() -> bool:
         )
     os.environ["TRITON_INTERPRET"] = "1"
     return True
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU): host-clock timings of whole steps."""
+    if ON_GPU:
+        torch.cuda.synchronize()
+
+
+def autocast(dtype: torch.dtype | None):
+    """``torch.autocast`` to ``dtype`` on this run's device; None (float32 as it is): no autocast."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(DEVICE.type, dtype=dtype)
 
 
 def describe_device() -> dict:

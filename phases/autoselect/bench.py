@@ -12,13 +12,14 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from common import DEVICE, ON_GPU
+from common.device import autocast as device_autocast
+from common.device import synchronize as sync
 from tritonlab import autoselect
 from tritonlab.models import LM_SIZES, LMConfig, TransformerLM, our_components, param_count, random_batch
 from tritonlab.models import torch_components as lm_torch_components
@@ -43,15 +44,9 @@ WAYS = ("pytorch", "triton", "autoselect")
 LR = 1e-3
 
 
-def sync() -> None:
-    if ON_GPU:
-        torch.cuda.synchronize()
-
-
 def autocast(dtype: str):
-    if DTYPES[dtype] is None:
-        return nullcontext()
-    return torch.autocast(DEVICE.type, dtype=DTYPES[dtype])
+    """bf16: autocast over the fp32 weights; fp32: nothing."""
+    return device_autocast(DTYPES[dtype])
 
 
 @dataclass

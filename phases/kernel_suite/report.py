@@ -12,6 +12,7 @@ from common.report import (
     select_latest,
 )
 
+# bench.KERNELS again: a report renders from CSVs without importing the kernels.
 KERNELS = (
     "rms_norm",
     "gelu",

@@ -10,13 +10,14 @@ time (``step_times_ms``, ';'-joined). Building the model and the steps run insid
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from common import DEVICE, ON_GPU, Cell, check_close, measure_peak_memory
+from common import DEVICE, Cell, check_close, measure_peak_memory
+from common.device import autocast as device_autocast
+from common.device import synchronize as sync
 from tritonlab.models import (
     LM_SIZES,
     LMComponents,
@@ -43,16 +44,9 @@ OURS_VARIANTS = ("eager-naive", "eager-sdpa", "ours")
 CHECK_TOL = {"fp32": (1e-4, 1e-3), "bf16": (2e-2, 6e-2)}
 
 
-def sync() -> None:
-    if ON_GPU:
-        torch.cuda.synchronize()
-
-
 def autocast(dtype: str):
     """bf16: autocast over the fp32 weights; fp32: nothing."""
-    if DTYPES[dtype] is None:
-        return nullcontext()
-    return torch.autocast(DEVICE.type, dtype=DTYPES[dtype])
+    return device_autocast(DTYPES[dtype])
 
 
 def components_for(variant: str) -> LMComponents:
