@@ -1,0 +1,1 @@
+"""Phase 12: the TransformerNP end to end -- baselines (SDPA cuDNN/flash, eager and compiled) against our kernels (separate or fused attention backward, eager and compiled), each checked against the baseline's loss and gradients, then timed and trained."""

@@ -1,0 +1,104 @@
+"""Phase 12 -- the TransformerNP end to end: SDPA baselines against our kernels, eager and compiled.
+
+    python -m phases 12_matrix                                   # small and mid, every variant
+    python -m phases 12_matrix --shape small --variants sdpa-cudnn custom-bf16-fused
+    python -m phases 12_matrix --checkpoint none selective --graphs off on
+    python -m phases 12_matrix --shape large --loss-steps 10     # seconds a step
+
+Per shape, checkpoint mode, graph toggle and variant: the loss and every parameter gradient from the
+seed's weights on one batch are checked against the sdpa-cudnn model (sdpa-math on the CPU) first,
+then ``--loss-steps`` training steps record the loss curve, then ``--steps`` timed steps give the step
+time (median, p20/p80), forward/backward/optimizer times, tokens/s, peak memory and the speedups
+against sdpa-cudnn and the best baseline of the same run. Without a GPU it runs the tiny shape in
+Triton's interpreter (fp32), sdpa-math and the eager custom variants; the rest are "skipped" rows
+naming why.
+"""
+
+from common import ON_GPU, run_cells
+from common.cli import parse_phase_args, phase_run, require_at_least
+from common.step import step_parser
+from tritonlab.models import CHECKPOINT_MODES, resolve_shape
+
+from .bench import TOLERANCES, VARIANTS, Setup, model_config, shape_cells
+from .report import REPORT
+
+PHASE = "12_matrix"
+
+
+def _tolerance_text() -> str:
+    return "; ".join(
+        f"{dtype}: loss within {t['loss_rtol']:g} relative, each gradient within {t['grad_rtol']:g} of its norm"
+        for dtype, t in TOLERANCES.items()
+    )
+
+
+def parse_args(argv=None):
+    parser = step_parser(
+        PHASE,
+        __doc__.strip().splitlines()[0],
+        steps=(20, 2),
+        warmup=(3, 1),
+        after=f" Correctness tolerance against the reference: {_tolerance_text()}.",
+    )
+    if not ON_GPU:
+        parser.set_defaults(dtype="fp32")  # the interpreter's bf16 dots are wrong
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=None,
+        metavar="NAME",
+        help=f"any of {', '.join(VARIANTS)} (default: all but sdpa-math on a GPU; all on the CPU, where "
+        "the cuDNN, flash, compiled and FP8 ones are skipped rows)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        nargs="+",
+        choices=list(CHECKPOINT_MODES),
+        default=["none"],
+        metavar="MODE",
+        help=f"activation checkpointing, any of {', '.join(CHECKPOINT_MODES)} (default none)",
+    )
+    parser.add_argument(
+        "--graphs",
+        nargs="+",
+        choices=["off", "on"],
+        default=["off"],
+        help="replay the step from one CUDA graph (tritonlab.graphs.GraphedStep): off, on or both "
+        "(default off; on the CPU a graphed cell is a skipped row)",
+    )
+    parser.add_argument(
+        "--loss-steps",
+        type=int,
+        default=200 if ON_GPU else 3,
+        help="training steps of the recorded loss curve (default 200, at most 10 at large; 3 on the CPU)",
+    )
+    args = parse_phase_args(parser, argv)
+    require_at_least(parser, args, {"steps": 1, "warmup": 1, "batch": 1, "loss_steps": 0})
+    if not ON_GPU and args.dtype == "bf16":
+        parser.error("--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp32")
+    default = [v for v in VARIANTS if v != "sdpa-math"] if ON_GPU else VARIANTS
+    args.variants = list(dict.fromkeys(args.variants or default))
+    args.checkpoint = list(dict.fromkeys(args.checkpoint))
+    args.graphs = [g == "on" for g in dict.fromkeys(args.graphs)]
+    try:
+        args.shapes = [resolve_shape(name, args.batch) for name in args.shape]
+    except ValueError as err:
+        parser.error(str(err))
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    setup = Setup(model_config(), args.dtype, steps=args.steps, warmup=args.warmup, loss_steps=args.loss_steps)
+    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
+        cells = [
+            cell
+            for shape in args.shapes
+            for cell in shape_cells(setup, shape, args.variants, args.checkpoint, args.graphs)
+        ]
+        run_cells(writer, cells)
+
+
+if __name__ == "__main__":
+    main()
