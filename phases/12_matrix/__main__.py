@@ -90,7 +90,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    setup = Setup(model_config(), args.dtype, steps=args.steps, warmup=args.warmup, loss_steps=args.loss_steps)
+    setup = Setup(
+        model_config(), args.dtype, steps=args.steps, warmup=args.warmup, loss_steps=args.loss_steps
+    )
     with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
         cells = [
             cell

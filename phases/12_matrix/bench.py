@@ -160,10 +160,14 @@ def loss_and_grads(setup: Setup, shape: TNPShape, variant: str, checkpoint: str)
     model, _ = build(setup.cfg, components(variant), setup.seed, _device(), checkpoint=checkpoint)
     loss_fn = loss_fn_of(model, variant)
     tasks = _tasks(shape, setup.cfg, torch.Generator(device=_device()).manual_seed(setup.seed))
-    with torch.autocast(_device(), dtype=check_dtype(setup.dtype), enabled=check_dtype(setup.dtype) is not None):
+    with torch.autocast(
+        _device(), dtype=check_dtype(setup.dtype), enabled=check_dtype(setup.dtype) is not None
+    ):
         loss = loss_fn(*tasks)
     loss.backward()
-    grads = {n: None if p.grad is None else p.grad.detach().float().clone() for n, p in model.named_parameters()}
+    grads = {
+        n: None if p.grad is None else p.grad.detach().float().clone() for n, p in model.named_parameters()
+    }
     return Grads(float(loss.detach()), grads)
 
 
@@ -257,7 +261,9 @@ def timed_graphed(setup: Setup, shape: TNPShape, variant: str, checkpoint: str, 
             model.parameters(), lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
             fused=True, capturable=True,
         )  # fmt: skip
-        graphed = GraphedStep(model, optimizer, model.loss, tasks, warmup=max(1, setup.warmup), autocast_dtype=dtype)
+        graphed = GraphedStep(
+            model, optimizer, model.loss, tasks, warmup=max(1, setup.warmup), autocast_dtype=dtype
+        )
         first = float(graphed.step(*tasks))
         rel = abs(first - ref_loss) / max(abs(ref_loss), 1e-12)
         if not rel <= tolerances(setup.dtype)["loss_rtol"]:
@@ -325,7 +331,9 @@ def shape_cells(
             return {
                 **row,
                 "tokens_per_s": shape.tokens / (row["step_ms"] / 1e3),
-                "speedup_vs_sdpa_cudnn": times["sdpa-cudnn"] / row["step_ms"] if "sdpa-cudnn" in times else nan,
+                "speedup_vs_sdpa_cudnn": times["sdpa-cudnn"] / row["step_ms"]
+                if "sdpa-cudnn" in times
+                else nan,
                 "speedup_vs_best_baseline": min(base) / row["step_ms"] if base else nan,
                 "steps": setup.steps,
                 "loss_ref": ref.loss,

@@ -181,10 +181,16 @@ def headline(df: pd.DataFrame) -> list[Verdict]:
     if df.empty:
         return []
     return [
-        Verdict("12_matrix", f"fastest custom / best baseline tokens/s, {h['shape']}, {h['dtype']}",
-                "not measured" if h["custom"] is None else h["custom"]["variant"],
-                "not measured" if h["base"] is None else h["base"]["variant"],
-                h["ratio"], h["goal"], h["gpu"], h["utc"])  # fmt: skip
+        Verdict(
+            "12_matrix",
+            f"fastest custom / best baseline tokens/s, {h['shape']}, {h['dtype']}",
+            "not measured" if h["custom"] is None else h["custom"]["variant"],
+            "not measured" if h["base"] is None else h["base"]["variant"],
+            h["ratio"],
+            h["goal"],
+            h["gpu"],
+            h["utc"],
+        )  # fmt: skip
         for h in headline_rows(df)
     ]
 

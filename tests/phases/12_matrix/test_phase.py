@@ -1,0 +1,124 @@
+"""Phase 12's command line, CPU run and report: an unknown variant is an argparse error, a tiny run
+writes one row per variant (ok, or skipped with its reason), a wrong gradient is an error, and the
+report opens with a verdict per shape from GPU-like rows."""
+
+import csv
+
+import pandas as pd
+import pytest
+import torch
+
+from common import ON_GPU
+from common.provenance import REPO_ROOT
+from common.report import Figures
+from phases.__main__ import phase_module
+
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--variants", "nope"], ["--checkpoint", "sometimes"], ["--graphs", "maybe"], ["--shape", "huge"],
+     ["--steps", "0"], ["--loss-steps", "-1"]],
+)  # fmt: skip
+def test_cli_rejects_bad_input_before_work(argv, capsys):
+    main = phase_module("12", "__main__")
+    with pytest.raises(SystemExit) as err:
+        main.parse_args(argv)
+    assert err.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
+def test_a_tiny_cpu_run_writes_a_row_per_variant(tmp_path):
+    main = phase_module("12", "__main__")
+    bench = phase_module("12", "bench")
+    main.main(["--out", str(tmp_path), "--steps", "1", "--loss-steps", "2", "--graphs", "off", "on",
+               "--variants", "sdpa-math", "sdpa-cudnn", "custom-bf16-separate", "custom-fp8-fused",
+               "compile+custom-bf16-fused"])  # fmt: skip
+    (csv_path,) = (tmp_path / "data" / "12_matrix").glob("*.csv")
+    with open(csv_path, newline="") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert len(rows) == 10
+    ref = rows["sdpa-math"]
+    assert ref["status"] == "ok" and float(ref["step_ms"]) > 0 and float(ref["speedup_vs_best_baseline"]) == 1
+    ours = rows["custom-bf16-separate"]
+    assert ours["status"] == "ok", ours["error"]
+    assert float(ours["grad_max_rel_err"]) <= bench.TOLERANCES["fp32"]["grad_rtol"]
+    assert len(ours["loss_curve"].split(";")) == 2 and float(ours["tokens_per_s"]) > 0
+    assert float(ours["speedup_vs_best_baseline"]) > 0
+    assert "FP8 attention does not exist" in rows["custom-fp8-fused"]["error"]
+    assert rows["custom-fp8-fused"]["status"] == "skipped"
+    assert "needs a CUDA GPU" in rows["sdpa-cudnn"]["error"]
+    assert "CUDA graphs need a CUDA GPU" in rows["custom-bf16-separate+graphs"]["error"]
+    assert rows["compile+custom-bf16-fused"]["status"] == "skipped"
+    text = (tmp_path / "12_matrix.md").read_text()
+    assert "CPU smoke runs" in text and "## Verdict" not in text
+
+
+def test_a_wrong_gradient_is_an_error():
+    bench = phase_module("12", "bench")
+    ref = bench.Grads(2.0, {"w": torch.ones(10), "b": torch.ones(3)})
+    ok = bench.compare(bench.Grads(2.0, {"w": torch.ones(10) * (1 + 1e-5), "b": torch.ones(3)}), ref, "fp32")
+    assert ok["grad_max_rel_err"] < 1e-4
+    with pytest.raises(AssertionError, match="w: grad rel err"):
+        bench.compare(bench.Grads(2.0, {"w": torch.ones(10) * 1.5, "b": torch.ones(3)}), ref, "bf16")
+    with pytest.raises(AssertionError, match="loss rel err"):
+        bench.compare(bench.Grads(2.5, dict(ref.grads)), ref, "bf16")
+
+
+def _gpu_rows() -> pd.DataFrame:
+    rows = []
+
+    def add(shape, variant, step_ms, status="ok"):
+        tokens = {"small": 64 * 564, "mid": 4 * 11_000}[shape]
+        row = {"gpu": GPU, "variant": variant, "base_variant": variant, "shape": shape, "dtype": "bf16",
+               "status": status, "error": "" if status == "ok" else "Unsupported: graph break",
+               "checkpoint": "none", "graphs": False, "batch": 64, "tokens": tokens,
+               "utc": "2026-11-26T10:00:00Z", "run_group": "g1"}  # fmt: skip
+        if status == "ok":
+            row.update(step_ms=step_ms, step_p20_ms=step_ms * 0.98, step_p80_ms=step_ms * 1.02,
+                       forward_ms=step_ms * 0.3, backward_ms=step_ms * 0.6, optimizer_ms=step_ms * 0.1,
+                       tokens_per_s=tokens / step_ms * 1e3, peak_mem_gb=3.0,
+                       loss_curve="2.0;1.8;1.5", loss_lowered="")  # fmt: skip
+        rows.append(row)
+
+    add("small", "sdpa-cudnn", 90.0)
+    add("small", "compile+sdpa-cudnn", 27.6)
+    add("small", "custom-bf16-fused", 20.0)
+    add("small", "compile+custom-bf16-fused", None, status="error")
+    add("mid", "sdpa-cudnn", 150.0)
+    add("mid", "sdpa-flash", 100.0)  # not a goal baseline at mid
+    add("mid", "compile+sdpa-cudnn", 117.8)
+    add("mid", "custom-bf16-separate", 110.0)
+    return pd.DataFrame(rows)
+
+
+def test_the_report_opens_with_a_verdict_per_shape(tmp_path):
+    report = phase_module("12", "report")
+    verdicts = {v.cell: v for v in report.headline(_gpu_rows())}
+    small = verdicts["fastest custom / best baseline tokens/s, small, bf16"]
+    assert small.ours == "custom-bf16-fused" and small.baseline == "compile+sdpa-cudnn"
+    assert small.ratio == pytest.approx(27.6 / 20.0) and small.verdict() == "met"
+    mid = verdicts["fastest custom / best baseline tokens/s, mid, bf16"]
+    assert mid.baseline == "compile+sdpa-cudnn" and mid.ratio == pytest.approx(117.8 / 110.0)
+    assert mid.verdict().startswith("missed")
+    text = report.render(_gpu_rows(), Figures("12_matrix", tmp_path, GPU))
+    first = text.split("## Tokens/s")[0]
+    assert "custom-bf16-fused" in first and "1.38×" in first and "≥ 1.2×" in first and "missed" in first
+    assert "Cells that did not finish" in text and "graph break" in text
+    assert (tmp_path / "figures" / "12_matrix_tokens_per_s.png").exists()
+    assert (tmp_path / "figures" / "12_matrix_stages.png").exists()
+    assert (tmp_path / "figures" / "12_matrix_loss_curves.png").exists()
+    assert (
+        report.REPORT.title
+        == (REPO_ROOT / "phases" / "12_matrix" / "README.md").read_text().splitlines()[0][2:]
+    )
+
+
+def test_without_measurements_the_headline_says_not_measured(tmp_path):
+    report = phase_module("12", "report")
+    rows = _gpu_rows()
+    rows = rows.loc[rows["variant"] == "compile+custom-bf16-fused"]
+    text = report.render(rows, Figures("12_matrix", tmp_path, GPU))
+    assert "not measured" in text.split("## Tokens/s")[0]
