@@ -13,6 +13,7 @@ from tritonlab.models import (
     TNPShape,
     build,
     check_dtype,
+    resolve_shape,
     sample_tasks,
     train_step,
 )
@@ -148,3 +149,11 @@ def shape_columns(cfg: TNPConfig, shape: TNPShape) -> dict:
         "batch": shape.batch,
         "tokens": shape.tokens,
     }
+
+
+def resolve_shapes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[TNPShape]:
+    """``--shape``'s shapes with ``--batch`` applied; a value they reject is argparse's error."""
+    try:
+        return [resolve_shape(name, args.batch) for name in args.shape]
+    except ValueError as err:
+        parser.error(str(err))

@@ -10,6 +10,7 @@ renders the report. Everything later phases do is measured against these rows.
 
 from common import ON_GPU, run_cells
 from common.cli import parse_phase_args, phase_parser, phase_run
+from common.step import resolve_shapes
 from tritonlab.models import DTYPES, SDPA_BACKENDS, SHAPES, TNPConfig, resolve_shape
 
 from .bench import MODES, step_cells, train
@@ -68,10 +69,7 @@ def parse_args(argv=None):
             parser.error(
                 f"--{name.replace('_', '-')}: must be {'>= 0' if name == 'warmup' else 'positive'}, got {value}"
             )
-    try:
-        args.shapes = [resolve_shape(name, args.batch) for name in args.shape]
-    except ValueError as err:
-        parser.error(str(err))
+    args.shapes = resolve_shapes(parser, args)
     args.sdpa_backend = args.sdpa_backend or (["cudnn", "flash"] if ON_GPU else ["math"])
     args.modes = args.modes or (list(MODES) if ON_GPU else ["eager"])
     return args

@@ -16,8 +16,8 @@ report opens with a verdict per shape: best tokens/s with checkpointing over bes
 
 from common import ON_GPU, ResultWriter, interpreter_banner
 from common.cli import parse_phase_args, require_at_least
-from common.step import step_parser
-from tritonlab.models import CHECKPOINT_MODES, resolve_shape
+from common.step import resolve_shapes, step_parser
+from tritonlab.models import CHECKPOINT_MODES
 
 from .bench import ATTENTIONS, CPU_CAP, GPU_CAP_FACTOR, Setup, model_config, run_phase
 from .report import REPORT
@@ -89,10 +89,7 @@ def parse_args(argv=None):
         parser.error(
             "--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp32 with Triton attention"
         )
-    try:
-        args.shapes = [resolve_shape(name, args.batch) for name in args.shape]
-    except ValueError as err:
-        parser.error(str(err))
+    args.shapes = resolve_shapes(parser, args)
     args.checkpoint = list(dict.fromkeys(args.checkpoint))  # each mode once, in the order given
     return args
 

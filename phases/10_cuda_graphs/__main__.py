@@ -16,8 +16,7 @@ step in Triton's interpreter and writes the graphed cell as "skipped": the CPU h
 
 from common import ON_GPU, run_cells
 from common.cli import parse_phase_args, phase_run, require_at_least
-from common.step import step_parser
-from tritonlab.models import resolve_shape
+from common.step import resolve_shapes, step_parser
 
 from .bench import COMPONENTS, LOSS_RTOL, UPDATE_RTOL, Setup, model_config, shape_cells
 from .report import REPORT
@@ -60,10 +59,7 @@ def parse_args(argv=None):
         )
     if not ON_GPU and any(c in ("sdpa-cudnn", "sdpa-flash") for c in args.components):
         parser.error("--components: cuDNN and flash SDPA need a CUDA GPU; use sdpa-math or triton on the CPU")
-    try:
-        args.shapes = [resolve_shape(name, args.batch) for name in args.shape]
-    except ValueError as err:
-        parser.error(str(err))
+    args.shapes = resolve_shapes(parser, args)
     return args
 
 

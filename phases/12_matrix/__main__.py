@@ -16,8 +16,8 @@ naming why.
 
 from common import ON_GPU, run_cells
 from common.cli import parse_phase_args, phase_run, require_at_least
-from common.step import step_parser
-from tritonlab.models import CHECKPOINT_MODES, resolve_shape
+from common.step import resolve_shapes, step_parser
+from tritonlab.models import CHECKPOINT_MODES
 
 from .bench import TOLERANCES, VARIANTS, Setup, model_config, shape_cells
 from .report import REPORT
@@ -81,10 +81,7 @@ def parse_args(argv=None):
     args.variants = list(dict.fromkeys(args.variants or default))
     args.checkpoint = list(dict.fromkeys(args.checkpoint))
     args.graphs = [g == "on" for g in dict.fromkeys(args.graphs)]
-    try:
-        args.shapes = [resolve_shape(name, args.batch) for name in args.shape]
-    except ValueError as err:
-        parser.error(str(err))
+    args.shapes = resolve_shapes(parser, args)
     return args
 
 
