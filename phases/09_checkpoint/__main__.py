@@ -14,8 +14,8 @@ bisection to within 1/8; every out-of-memory probe is a row with status "oom", n
 report opens with a verdict per shape: best tokens/s with checkpointing over best tokens/s without.
 """
 
-from common import ON_GPU, ResultWriter, interpreter_banner
-from common.cli import parse_phase_args, require_at_least
+from common import ON_GPU
+from common.cli import parse_phase_args, phase_run, require_at_least
 from common.step import resolve_shapes, step_parser
 from tritonlab.models import CHECKPOINT_MODES
 
@@ -96,7 +96,6 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(interpreter_banner())
     setup = Setup(
         model_config(),
         args.attention,
@@ -107,15 +106,10 @@ def main(argv=None) -> None:
         search_steps=args.search_steps,
         search_warmup=args.search_warmup,
     )
-    writer = ResultWriter(PHASE)
-    run_phase(
-        writer, setup, args.shapes, args.checkpoint, search=not args.no_search, max_batch=args.max_batch
-    )
-    print(f"rows: {writer.path}")
-    if not args.no_report:
-        from common.report import render_phase
-
-        print(f"report: {render_phase(REPORT)}")
+    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
+        run_phase(
+            writer, setup, args.shapes, args.checkpoint, search=not args.no_search, max_batch=args.max_batch
+        )
 
 
 if __name__ == "__main__":
