@@ -458,27 +458,34 @@ class CrossEntropyFunction(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None
 
 
+def check_target(target, ignore_index, reduction, rows: torch.Tensor, rows_are: str, lead: str) -> None:
+    """``target``, ``ignore_index`` and ``reduction`` as F.cross_entropy takes them, for inputs ``rows``
+    of shape (..., C): an int64/int32 target of shape ``rows.shape[:-1]`` on ``rows``' device.
+    ``rows_are`` and ``lead`` name the input in the messages (e.g. "x is", "x without the hidden
+    dimension"); the fused linear cross-entropy checks its target with this too."""
+    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"target: expected an int64 or int32 tensor, got {getattr(target, 'dtype', type(target))}"
+        )
+    if target.shape != rows.shape[:-1]:
+        raise ValueError(
+            f"target: expected shape {tuple(rows.shape[:-1])} ({lead}), got {tuple(target.shape)}"
+        )
+    if target.device != rows.device:
+        raise ValueError(f"target: on {target.device}, but {rows_are} on {rows.device}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise ValueError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+
+
 def _check(logits, target, ignore_index, reduction, options: CrossEntropyOptions):
     check_tensor("logits", logits)
     if logits.dim() < 2:
         raise ValueError(
             f"logits: expected (..., vocab) with at least 2 dimensions, got {tuple(logits.shape)}"
         )
-    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
-        raise ValueError(
-            f"target: expected an int64 or int32 tensor, got {getattr(target, 'dtype', type(target))}"
-        )
-    if target.shape != logits.shape[:-1]:
-        raise ValueError(
-            f"target: expected shape {tuple(logits.shape[:-1])} (logits without the vocab dimension), "
-            f"got {tuple(target.shape)}"
-        )
-    if target.device != logits.device:
-        raise ValueError(f"target: on {target.device}, but logits are on {logits.device}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise ValueError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+    check_target(target, ignore_index, reduction, logits, "logits are", "logits without the vocab dimension")
     weight = options.weight
     if weight is not None:
         # F.cross_entropy wants the logits' dtype; float32 is taken too (the kernel reads it in float32).

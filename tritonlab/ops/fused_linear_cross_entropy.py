@@ -54,12 +54,12 @@ from .._runtime import INTERPRET
 from ..checks import check_same, check_tensor, persistent_programs
 from .cross_entropy import (
     DEFAULT_SETTINGS,
-    REDUCTIONS,
     _cross_entropy_fwd_kernel,
     _out_of_range_count,
     _raise_out_of_range,
     _stats_to_host,
     _target_stats_kernel,
+    check_target,
 )
 
 # Bytes of one chunk's logits: large enough that each chunk's GEMMs run at full speed on an H100
@@ -324,21 +324,7 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, so
         check_same("bias", bias, "weight", weight, shape=False)
         if bias.shape[0] != weight.shape[0]:
             raise ValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
-        raise ValueError(
-            f"target: expected an int64 or int32 tensor, got {getattr(target, 'dtype', type(target))}"
-        )
-    if target.shape != x.shape[:-1]:
-        raise ValueError(
-            f"target: expected shape {tuple(x.shape[:-1])} (x without the hidden dimension), "
-            f"got {tuple(target.shape)}"
-        )
-    if target.device != x.device:
-        raise ValueError(f"target: on {target.device}, but x is on {x.device}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise ValueError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+    check_target(target, ignore_index, reduction, x, "x is", "x without the hidden dimension")
     if (
         isinstance(label_smoothing, bool)
         or not isinstance(label_smoothing, int | float)
