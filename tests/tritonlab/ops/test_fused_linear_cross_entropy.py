@@ -268,8 +268,9 @@ def test_gpu_matches_float64(dtype):
 @pytest.mark.parametrize("tokens,vocab", [(8192, 128256), (4096, 32000)])
 def test_gpu_peak_memory_never_holds_the_logits(tokens, vocab):
     """Forward and backward in bf16 (the default chunk at 128 256 classes, 512 rows at 32 000): the
-    memory over the inputs, less x's and the weight's gradients, stays under half the bf16 logits; all
-    of it under half the float32 logits, and at 128 256 classes under 2 GiB (the issue's goal)."""
+    memory over the inputs, less x's and the weight's gradients, stays under half the bf16 logits, and
+    at 128 256 classes all of it stays under 2 GiB (the issue's goal). At 4096 x 32 000 the weight's
+    gradient alone is as large as the bf16 logits, so only the memory beyond the gradients is bounded."""
     x, weight, _, target = make((tokens,), 4096, vocab, torch.bfloat16, bias=False, device="cuda")
     x.requires_grad_()
     weight.requires_grad_()
@@ -284,7 +285,6 @@ def test_gpu_peak_memory_never_holds_the_logits(tokens, vocab):
     beyond_grads = peak - (x.numel() + weight.numel()) * 2
     logits_bf16 = tokens * vocab * 2
     assert beyond_grads < logits_bf16 / 2, (beyond_grads / 2**30, logits_bf16 / 2**30)
-    assert peak < tokens * vocab * 4 / 2
     if vocab > 100000:
         assert peak < 2.0 * 2**30, peak / 2**30
 
