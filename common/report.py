@@ -178,7 +178,16 @@ def failures_table(df: pd.DataFrame) -> str:
     if failed.empty:
         return ""
     cols = [c for c in ["gpu", "variant", "shape", "dtype", "status", "error"] if c in failed]
+    if "error" in failed:
+        failed = failed.assign(error=failed["error"].map(one_line))
     return "\n### Cells that did not finish\n\n" + markdown_table(failed, cols)
+
+
+def one_line(error, limit: int = 240) -> str:
+    """An error message as one table cell: whitespace and newlines collapsed, no column separator,
+    cut at ``limit`` characters (the rows keep it whole)."""
+    text = " ".join(str(error).split()).replace("|", "/") if isinstance(error, str) else ""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def default_render(df: pd.DataFrame, fig: Figures) -> str:

@@ -157,3 +157,9 @@ def resolve_shapes(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         return [resolve_shape(name, args.batch) for name in args.shape]
     except ValueError as err:
         parser.error(str(err))
+
+
+def variant_label(variant: str, checkpoint: str, graphs: bool) -> str:
+    """A TransformerNP step variant's row name: ``variant``, then ``+ckpt-<mode>`` and ``+graphs``
+    where those toggles are on (phase 12's rows; the Slurm matrix owes one per cell)."""
+    return variant + ("" if checkpoint == "none" else f"+ckpt-{checkpoint}") + ("+graphs" if graphs else "")

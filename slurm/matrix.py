@@ -1,7 +1,7 @@
 """The benchmark matrix a Slurm job array runs: its cells, and what becomes of each one.
 
     python -m slurm.matrix                    # the cells, one per line, then the array size
-    python -m slurm.matrix array              # the --array range, e.g. 0-11 (no number kept by hand)
+    python -m slurm.matrix array              # the --array range, e.g. 0-26 (no number kept by hand)
     python -m slurm.matrix run-cell 3         # run cell 3 here; if it dies, its rows become failure rows
     python -m slurm.matrix collect 1234       # after array job 1234: a failure row for every cell
                                               # that wrote nothing, then the report re-rendered
@@ -9,20 +9,24 @@
     python -m slurm.matrix placement -- -p gpu --time=1:00:00   # of those, where to run: --partition=gpu
 
 ``slurm/run_matrix.sbatch`` calls these; nothing here needs Slurm except ``forward`` and the job
-states ``collect`` quotes. The cells are one phase's shapes (x SDPA backends for phase 01), chosen by
-environment variables so that the templates never need editing:
+states ``collect`` quotes. By default the matrix is phase 12's: the whole TransformerNP's training
+step, one array task per shape x variant (x checkpointing x CUDA graph); environment variables
+choose another, so that the templates never need editing:
 
-    TRITONLAB_MATRIX_PHASE         the phase, by number or name (default 01_baseline); any phase that
-                                   takes --shape runs one array task per shape
-    TRITONLAB_MATRIX=gpu|cpu       gpu (default): small, mid, large (phase 01: x cudnn, flash,
-                                   efficient, math, eager and compile); cpu: the tiny shape (phase 01:
-                                   x math, flash, eager, 2 steps) -- a smoke run
+    TRITONLAB_MATRIX_PHASE         the phase, by number or name (default 12_matrix); 01_baseline runs
+                                   its shapes x SDPA backends, each in eager and compiled mode; any
+                                   other phase that takes --shape runs one array task per shape
+    TRITONLAB_MATRIX=gpu|cpu       gpu (default): small, mid, large in bf16; cpu: the tiny shape in
+                                   float32 with a few steps and the variants a CPU runs -- a smoke run
     TRITONLAB_MATRIX_SHAPES        override the shapes, e.g. "small mid"
-    TRITONLAB_MATRIX_BACKENDS      phase 01: override the backends, e.g. "cudnn flash"
+    TRITONLAB_MATRIX_VARIANTS      phase 12: override the variants, e.g. "sdpa-cudnn custom-bf16-fused"
+    TRITONLAB_MATRIX_CHECKPOINT    phase 12: checkpoint modes, e.g. "none block" (default none)
+    TRITONLAB_MATRIX_GRAPHS        phase 12: "off", "on" or "off on" (default off)
+    TRITONLAB_MATRIX_BACKENDS      phase 01: override the SDPA backends, e.g. "cudnn flash"
     TRITONLAB_MATRIX_ARGS          extra phase arguments for every cell, e.g. "--steps 20"
 
 A cell whose process dies (a crash, a bad argument, a kill) still leaves rows: ``run-cell`` writes a
-failure row for each of the cell's variants that has none, and ``collect`` does the same for tasks
+failure row for each of the cell's rows that is missing, and ``collect`` does the same for tasks
 that never got that far (cancelled, timed out), so the reports list every cell of the matrix.
 """
 
@@ -34,87 +38,60 @@ import shlex
 import subprocess
 import sys
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-PHASE = "01_baseline"  # the default phase: the TransformerNP training step on SDPA
+PHASE = "12_matrix"  # the default: the TransformerNP end to end, SDPA baselines against our kernels
+BASELINE_PHASE = "01_baseline"  # the SDPA-only training step, by backend and mode
 
+# Phase 12's variants on a GPU (sdpa-math, far slower, only on request), as `--variants` names them.
+VARIANTS_12 = (
+    "sdpa-cudnn", "sdpa-flash", "compile+sdpa-cudnn", "compile+sdpa-flash", "custom-bf16-separate",
+    "custom-bf16-fused", "custom-fp8-fused", "compile+custom-bf16-separate", "compile+custom-bf16-fused",
+)  # fmt: skip
 PRESETS = {
     "gpu": {
         "shapes": ("small", "mid", "large"),
+        "dtype": "bf16",
+        "variants": VARIANTS_12,
         "backends": ("cudnn", "flash", "efficient", "math"),
         "modes": ("eager", "compile"),
-        "extra": (),
+        "extra": {PHASE: (), BASELINE_PHASE: ()},
     },
     "cpu": {
         "shapes": ("tiny",),
+        # The interpreter's bf16 dots are wrong: the CPU runs our kernels in float32.
+        "dtype": "fp32",
+        "variants": ("sdpa-math", "custom-bf16-separate"),
         "backends": ("math", "flash"),
         "modes": ("eager",),
-        "extra": ("--steps", "2", "--warmup", "1"),
+        "extra": {
+            PHASE: ("--steps", "2", "--warmup", "1", "--loss-steps", "3"),
+            BASELINE_PHASE: ("--steps", "2", "--warmup", "1"),
+        },
     },
 }
-DTYPE = "bf16"
 # Arguments the matrix sets itself: which rows a cell owes follows from them.
-CELL_ARGS = ("--shape", "--sdpa-backend", "--modes", "--dtype")
+CELL_ARGS = ("--shape", "--sdpa-backend", "--modes", "--dtype", "--variants", "--checkpoint", "--graphs")
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One array task: a phase at one shape (phase 01: with one SDPA backend, in every mode)."""
+    """One array task: ``python -m phases <phase> --shape <shape> <args>``, and the rows it owes.
 
+    ``rows`` are the key columns of those rows when they are known in advance (phases 01 and 12:
+    one per variant); for any other phase the cell owes at least one row at its shape."""
+
+    phase: str
     shape: str
-    backend: str | None = None
-    modes: tuple[str, ...] = ()
-    extra: tuple[str, ...] = ()
-    phase: str = PHASE
+    args: tuple[str, ...] = ()
+    rows: tuple[dict, ...] = field(default=(), hash=False)
 
     @property
     def argv(self) -> list[str]:
-        """``python -m phases <argv>``; for phase 01 modes and dtype are explicit, so the rows a cell
-        must write follow from its arguments alone, whatever machine reads them."""
-        if self.phase != PHASE:
-            return [self.phase, "--shape", self.shape, *self.extra]
-        return [
-            PHASE,
-            "--shape",
-            self.shape,
-            "--sdpa-backend",
-            self.backend,
-            "--modes",
-            *self.modes,
-            "--dtype",
-            DTYPE,
-            *self.extra,
-        ]
+        return [self.phase, "--shape", self.shape, *self.args]
 
     def expected_rows(self) -> list[dict]:
-        """The key columns of the rows this cell writes: phase 01's are known in advance; of another
-        phase's, at least one row at the cell's shape (its variants are the phase's to choose)."""
-        if self.phase != PHASE:
-            return [{"variant": "(every variant)", "shape": self.shape}]
-        from tritonlab.models import SHAPES
-
-        shape = SHAPES.get(self.shape)
-        dims = (
-            {}
-            if shape is None
-            else {
-                "m_context": shape.m_context,
-                "n_target": shape.n_target,
-                "batch": shape.batch,
-                "tokens": shape.tokens,
-            }
-        )
-        return [
-            {
-                "variant": f"{mode}+sdpa-{self.backend}",
-                "shape": self.shape,
-                "dtype": DTYPE,
-                "mode": mode,
-                "sdpa_backend": self.backend,
-                **dims,
-            }
-            for mode in self.modes
-        ]
+        return [dict(row) for row in self.rows] or [{"variant": "(every variant)", "shape": self.shape}]
 
 
 def _words(value: str) -> tuple[str, ...]:
@@ -133,6 +110,62 @@ def matrix_phase(env) -> str:
     return phase
 
 
+def _baseline_cells(shapes, backends, modes, dtype, extra) -> list[Cell]:
+    """Phase 01: each shape x SDPA backend, every mode in one task; modes and dtype explicit, so the
+    rows a cell owes follow from its arguments alone, whatever machine reads them."""
+    from tritonlab.models import SHAPES
+
+    out = []
+    for shape in shapes:
+        known = SHAPES.get(shape)
+        dims = {} if known is None else {
+            "m_context": known.m_context, "n_target": known.n_target, "batch": known.batch, "tokens": known.tokens,
+        }  # fmt: skip
+        for backend in backends:
+            rows = tuple(
+                {
+                    "variant": f"{mode}+sdpa-{backend}",
+                    "shape": shape,
+                    "dtype": dtype,
+                    "mode": mode,
+                    "sdpa_backend": backend,
+                    **dims,
+                }  # fmt: skip
+                for mode in modes
+            )
+            args = ("--sdpa-backend", backend, "--modes", *modes, "--dtype", dtype, *extra)
+            out.append(Cell(BASELINE_PHASE, shape, args, rows))
+    return out
+
+
+def _matrix_cells(shapes, variants, checkpoints, graphs, dtype, extra) -> list[Cell]:
+    """Phase 12: one task per shape x variant x checkpoint mode x graph toggle. Each task measures
+    its variant alone; the report compares the cells of one array job (one run group)."""
+    from common.step import variant_label
+
+    return [
+        Cell(
+            PHASE,
+            shape,
+            ("--variants", variant, "--checkpoint", mode, "--graphs", graph, "--dtype", dtype, *extra),
+            (
+                {
+                    "variant": variant_label(variant, mode, graph == "on"),
+                    "shape": shape,
+                    "dtype": dtype,
+                    "base_variant": variant,
+                    "checkpoint": mode,
+                    "graphs": graph == "on",
+                },
+            ),  # fmt: skip
+        )
+        for shape in shapes
+        for mode in checkpoints
+        for graph in graphs
+        for variant in variants
+    ]
+
+
 def cells(env: dict | None = None) -> list[Cell]:
     """The matrix the environment asks for, in array-index order."""
     env = os.environ if env is None else env
@@ -142,24 +175,30 @@ def cells(env: dict | None = None) -> list[Cell]:
         raise ValueError(f"TRITONLAB_MATRIX: unknown {kind!r}; expected one of {', '.join(PRESETS)}")
     preset = PRESETS[kind]
     shapes = _words(env.get("TRITONLAB_MATRIX_SHAPES", "")) or preset["shapes"]
-    backends = _words(env.get("TRITONLAB_MATRIX_BACKENDS", "")) or preset["backends"]
-    extra = preset["extra"] + tuple(shlex.split(env.get("TRITONLAB_MATRIX_ARGS", "")))
-    clash = [arg for arg in extra if arg.split("=")[0] in CELL_ARGS]
+    user_extra = tuple(shlex.split(env.get("TRITONLAB_MATRIX_ARGS", "")))
+    clash = [arg for arg in user_extra if arg.split("=")[0] in CELL_ARGS]
     if clash:
         raise ValueError(
-            f"TRITONLAB_MATRIX_ARGS: {' '.join(clash)} is set per cell; choose shapes and "
-            "backends with TRITONLAB_MATRIX_SHAPES and TRITONLAB_MATRIX_BACKENDS"
+            f"TRITONLAB_MATRIX_ARGS: {' '.join(clash)} is set per cell; choose shapes, variants, "
+            "checkpointing, graphs and backends with the TRITONLAB_MATRIX_* variables"
         )
-    # The phase checks shapes and backends itself: a bad one makes a failure row, like any failed cell.
-    if phase != PHASE:
-        extra = tuple(tuple(shlex.split(env.get("TRITONLAB_MATRIX_ARGS", ""))))
-        return [Cell(shape, extra=extra, phase=phase) for shape in shapes]
-    return [Cell(shape, backend, preset["modes"], extra) for shape in shapes for backend in backends]
+    extra = preset["extra"].get(phase, ()) + user_extra
+    # The phase checks shapes, variants and backends itself: a bad one makes a failure row, like
+    # any failed cell.
+    if phase == BASELINE_PHASE:
+        backends = _words(env.get("TRITONLAB_MATRIX_BACKENDS", "")) or preset["backends"]
+        return _baseline_cells(shapes, backends, preset["modes"], preset["dtype"], extra)
+    if phase == PHASE:
+        variants = _words(env.get("TRITONLAB_MATRIX_VARIANTS", "")) or preset["variants"]
+        checkpoints = _words(env.get("TRITONLAB_MATRIX_CHECKPOINT", "")) or ("none",)
+        graphs = _words(env.get("TRITONLAB_MATRIX_GRAPHS", "")) or ("off",)
+        return _matrix_cells(shapes, variants, checkpoints, graphs, preset["dtype"], extra)
+    return [Cell(phase, shape, user_extra) for shape in shapes]
 
 
 def array_range(matrix: list[Cell]) -> str:
     if not matrix:
-        raise ValueError("the matrix is empty: check TRITONLAB_MATRIX_SHAPES and TRITONLAB_MATRIX_BACKENDS")
+        raise ValueError("the matrix is empty: check the TRITONLAB_MATRIX_* variables")
     return f"0-{len(matrix) - 1}"
 
 
@@ -189,7 +228,7 @@ def as_array_task(array_job_id: str, task_id: int):
                 os.environ[key] = value
 
 
-def rows_of_task(array_job_id: str, task_id: int, phase: str = PHASE) -> list[dict]:
+def rows_of_task(array_job_id: str, task_id: int, phase: str) -> list[dict]:
     """Every row an array task has written (its CSVs are named after it: ``*-a<job>_<task>.csv``)."""
     from common.results import data_dir
 
@@ -213,7 +252,7 @@ def record_missing(cell: Cell, error: str) -> list[dict]:
         row
         for row in cell.expected_rows()
         if (row["variant"], row["shape"]) not in written
-        and not (cell.phase != PHASE and row["shape"] in shapes_written)
+        and not (not cell.rows and row["shape"] in shapes_written)
     ]
     if not missing:
         return []

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from common import ON_GPU, Cell, measure_peak_memory
-from common.step import shape_columns
+from common.step import shape_columns, variant_label
 from common.timing import StageTimer
 from tritonlab.models import Components, TNPConfig, TNPShape, build, check_dtype, sample_tasks, sdpa_attention
 from tritonlab.models.training import train_step
@@ -285,10 +285,6 @@ def timed_graphed(setup: Setup, shape: TNPShape, variant: str, checkpoint: str, 
         "optimizer_ms": nan,
         "peak_mem_gb": mem.peak_gb,
     }
-
-
-def variant_label(variant: str, checkpoint: str, graphs: bool) -> str:
-    return variant + ("" if checkpoint == "none" else f"+ckpt-{checkpoint}") + ("+graphs" if graphs else "")
 
 
 def shape_cells(

@@ -27,7 +27,20 @@ def _prepare(df: pd.DataFrame) -> pd.DataFrame:
     newest = df.sort_values("utc").groupby(["shape", "dtype"])["run_group"].last()
     keep = df.join(newest.rename("_newest"), on=["shape", "dtype"])
     keep = keep.loc[keep["run_group"] == keep["_newest"]].drop(columns="_newest")
-    return keep.assign(order=keep["shape"].map(SHAPE_ORDER).fillna(9))
+    return _speedups(keep.assign(order=keep["shape"].map(SHAPE_ORDER).fillna(9)))
+
+
+def _speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """The speedup columns from the run group's own rows, per shape, dtype, checkpoint mode and graph
+    toggle: a Slurm matrix measures each variant in a task of its own, so a row may carry none."""
+    df = df.copy()
+    step = pd.to_numeric(df["step_ms"], errors="coerce").where(df["status"] == "ok")
+    base = step.where(df["base_variant"].isin(BASELINES))
+    cudnn = step.where(df["base_variant"] == "sdpa-cudnn")
+    keys = [df[c].astype(str) for c in ("shape", "dtype", "checkpoint", "graphs")]
+    df["speedup_vs_sdpa_cudnn"] = cudnn.groupby(keys).transform("min") / step
+    df["speedup_vs_best_baseline"] = base.groupby(keys).transform("min") / step
+    return df
 
 
 def _ok(part: pd.DataFrame) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.matrix import PHASE, cells
+from slurm.matrix import BASELINE_PHASE, PHASE, cells
 
 from .conftest import job_env
 
@@ -163,11 +163,11 @@ def test_matrix_writes_a_row_per_cell_and_the_report(cluster, checkout):
 
 
 def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
-    # math runs; efficient has no CPU kernel, so phase 01 records the error itself; the unknown
-    # backend kills the phase process before it writes anything, so its array task records it;
-    # flash is cancelled while it waits for a CPU, so only the collector can record it.
-    backends = "math efficient no-such-backend flash"
-    env = job_env(cluster, TRITONLAB_MATRIX="cpu", TRITONLAB_MATRIX_BACKENDS=backends)
+    # sdpa-math runs; sdpa-cudnn has no CPU kernel, so phase 12 records a skipped row itself; the
+    # unknown variant kills the phase process before it writes anything, so its array task records
+    # it; the last cell is cancelled while it waits for a CPU, so only the collector can record it.
+    variants = "sdpa-math sdpa-cudnn no-such-variant custom-bf16-separate"
+    env = job_env(cluster, TRITONLAB_MATRIX="cpu", TRITONLAB_MATRIX_VARIANTS=variants)
     matrix = cells(env)
     command = [just_command(), "slurm-matrix", "--time=00:20:00", "-p", "debug"]
     jobs = launch_matrix(cluster, checkout, env, command, cancel_task=3)
@@ -184,15 +184,15 @@ def test_a_failed_cell_becomes_a_failure_row(cluster, checkout):
     )
 
     rows = check_cell_rows(read_rows(checkout), matrix, jobs)
-    assert rows["eager+sdpa-math"]["status"] == "ok"
-    assert float(rows["eager+sdpa-math"]["step_ms"]) > 0
-    assert rows["eager+sdpa-efficient"]["status"] == "error"
-    assert rows["eager+sdpa-efficient"]["error"]
-    dead = rows["eager+sdpa-no-such-backend"]
+    assert rows["sdpa-math"]["status"] == "ok"
+    assert float(rows["sdpa-math"]["step_ms"]) > 0
+    assert rows["sdpa-cudnn"]["status"] == "skipped"
+    assert rows["sdpa-cudnn"]["error"]
+    dead = rows["no-such-variant"]
     assert dead["status"] == "error"
-    assert "exit code 2" in dead["error"] and "no-such-backend" in dead["error"], dead["error"]
+    assert "exit code 2" in dead["error"] and "no-such-variant" in dead["error"], dead["error"]
     # Slurm forgets a task cancelled before it started: the collector says it has no record of it.
-    cancelled = rows["eager+sdpa-flash"]
+    cancelled = rows["custom-bf16-separate"]
     assert cancelled["status"] == "error", cancelled
     assert cancelled["error"].startswith(f"array task {jobs['array']}_3 wrote no row"), cancelled["error"]
 
@@ -235,7 +235,7 @@ def test_phase_job_both_ways_of_submitting(cluster, checkout):
         log = checkout / "reports" / "logs" / f"{name}-{job}.out"
         assert job_state(cluster, job) == "COMPLETED", all_logs(checkout)
         assert "rows: " in log.read_text(), log.read_text()
-        (csv_path,) = (checkout / "out" / "cpu" / "data" / PHASE).glob(f"*-j{job}.csv")
+        (csv_path,) = (checkout / "out" / "cpu" / "data" / BASELINE_PHASE).glob(f"*-j{job}.csv")
         with open(csv_path, newline="") as f:
             (row,) = csv.DictReader(f)
         assert (row["variant"], row["status"], row["slurm_job_id"], row["slurm_array_job_id"]) == (
@@ -244,4 +244,4 @@ def test_phase_job_both_ways_of_submitting(cluster, checkout):
             job,
             "",
         )
-    assert "eager+sdpa-math" in (checkout / "out" / "cpu" / f"{PHASE}.md").read_text()
+    assert "eager+sdpa-math" in (checkout / "out" / "cpu" / f"{BASELINE_PHASE}.md").read_text()

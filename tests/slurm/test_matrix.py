@@ -1,6 +1,7 @@
 """slurm.matrix without a cluster: the cells, the array size, forwarded flags, failure rows."""
 
 import csv
+import importlib
 import subprocess
 import sys
 
@@ -9,7 +10,9 @@ import pytest
 from common.results import data_dir
 from slurm import matrix
 from slurm.matrix import (
+    BASELINE_PHASE,
     PHASE,
+    VARIANTS_12,
     Cell,
     array_range,
     cells,
@@ -21,30 +24,65 @@ from slurm.matrix import (
 
 from .conftest import REPO
 
+BASELINE = {"TRITONLAB_MATRIX_PHASE": "01"}
 
-def test_cpu_matrix_is_tiny_shape_by_cpu_backends():
+
+def test_the_default_cpu_matrix_is_phase_12_at_the_tiny_shape_one_task_per_variant():
     cpu = cells({"TRITONLAB_MATRIX": "cpu"})
-    assert [(c.shape, c.backend) for c in cpu] == [("tiny", "math"), ("tiny", "flash")]
+    assert [(c.phase, c.shape) for c in cpu] == [(PHASE, "tiny")] * 2
+    assert [c.expected_rows()[0]["variant"] for c in cpu] == ["sdpa-math", "custom-bf16-separate"]
     assert array_range(cpu) == "0-1"
-    assert cpu[0].argv[:7] == [PHASE, "--shape", "tiny", "--sdpa-backend", "math", "--modes", "eager"]
+    assert cpu[1].argv[:11] == [PHASE, "--shape", "tiny", "--variants", "custom-bf16-separate",
+                                "--checkpoint", "none", "--graphs", "off", "--dtype", "fp32"]  # fmt: skip
 
 
-def test_gpu_matrix_is_every_shape_by_every_backend_in_both_modes():
+def test_the_default_gpu_matrix_is_every_shape_by_every_variant_of_phase_12():
     gpu = cells({})
-    assert len(gpu) == 3 * 4 and array_range(gpu) == "0-11"
+    assert len(gpu) == 3 * len(VARIANTS_12) and array_range(gpu) == f"0-{3 * len(VARIANTS_12) - 1}"
     assert {c.shape for c in gpu} == {"small", "mid", "large"}
-    assert {c.backend for c in gpu} == {"cudnn", "flash", "efficient", "math"}
-    assert [r["variant"] for r in gpu[0].expected_rows()] == ["eager+sdpa-cudnn", "compile+sdpa-cudnn"]
+    assert all("--dtype" in c.argv and c.argv[c.argv.index("--dtype") + 1] == "bf16" for c in gpu)
+    # Every variant phase 12 runs on a GPU by default, and nothing else.
+    bench = importlib.import_module("phases.12_matrix.bench")
+    assert list(VARIANTS_12) == [v for v in bench.VARIANTS if v != "sdpa-math"]
+    (row,) = gpu[0].expected_rows()
+    assert row == {"variant": "sdpa-cudnn", "shape": "small", "dtype": "bf16", "base_variant": "sdpa-cudnn",
+                   "checkpoint": "none", "graphs": False}  # fmt: skip
 
 
-def test_environment_overrides_shapes_backends_and_arguments():
-    env = {
-        "TRITONLAB_MATRIX_SHAPES": "mid,large",
-        "TRITONLAB_MATRIX_BACKENDS": "flash",
-        "TRITONLAB_MATRIX_ARGS": "--steps 20",
-    }
+def test_phase_12_toggles_multiply_the_cells_and_name_their_rows():
+    env = {"TRITONLAB_MATRIX_SHAPES": "mid", "TRITONLAB_MATRIX_VARIANTS": "sdpa-cudnn custom-bf16-fused",
+           "TRITONLAB_MATRIX_CHECKPOINT": "none,block", "TRITONLAB_MATRIX_GRAPHS": "off on",
+           "TRITONLAB_MATRIX_ARGS": "--steps 5"}  # fmt: skip
     chosen = cells(env)
-    assert [(c.shape, c.backend) for c in chosen] == [("mid", "flash"), ("large", "flash")]
+    assert len(chosen) == 2 * 2 * 2
+    assert [c.expected_rows()[0]["variant"] for c in chosen] == [
+        "sdpa-cudnn", "custom-bf16-fused", "sdpa-cudnn+graphs", "custom-bf16-fused+graphs",
+        "sdpa-cudnn+ckpt-block", "custom-bf16-fused+ckpt-block", "sdpa-cudnn+ckpt-block+graphs",
+        "custom-bf16-fused+ckpt-block+graphs",
+    ]  # fmt: skip
+    assert chosen[-1].argv[-2:] == ["--steps", "5"]
+
+
+def test_phase_01_keeps_its_matrix_under_its_own_name():
+    cpu = cells({**BASELINE, "TRITONLAB_MATRIX": "cpu"})
+    assert [(c.phase, c.shape, c.args[1]) for c in cpu] == [
+        (BASELINE_PHASE, "tiny", b) for b in ("math", "flash")
+    ]
+    assert cpu[0].argv[:7] == [
+        BASELINE_PHASE,
+        "--shape",
+        "tiny",
+        "--sdpa-backend",
+        "math",
+        "--modes",
+        "eager",
+    ]
+    gpu = cells(BASELINE)
+    assert len(gpu) == 3 * 4 and array_range(gpu) == "0-11"
+    assert [r["variant"] for r in gpu[0].expected_rows()] == ["eager+sdpa-cudnn", "compile+sdpa-cudnn"]
+    chosen = cells({**BASELINE, "TRITONLAB_MATRIX_SHAPES": "mid,large", "TRITONLAB_MATRIX_BACKENDS": "flash",
+                    "TRITONLAB_MATRIX_ARGS": "--steps 20"})  # fmt: skip
+    assert [(c.shape, c.args[1]) for c in chosen] == [("mid", "flash"), ("large", "flash")]
     assert chosen[0].argv[-2:] == ["--steps", "20"]
 
 
@@ -53,6 +91,8 @@ def test_bad_matrix_settings_are_named():
         cells({"TRITONLAB_MATRIX": "tpu"})
     with pytest.raises(ValueError, match="TRITONLAB_MATRIX_ARGS: --modes is set per cell"):
         cells({"TRITONLAB_MATRIX_ARGS": "--steps 3 --modes eager"})
+    with pytest.raises(ValueError, match="TRITONLAB_MATRIX_ARGS: --variants=x is set per cell"):
+        cells({"TRITONLAB_MATRIX_ARGS": "--variants=x"})
     with pytest.raises(ValueError, match="matrix is empty"):
         array_range([])
 
@@ -117,9 +157,9 @@ def array_task(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "80")
 
 
-def read_rows() -> list[dict]:
+def read_rows(phase: str = BASELINE_PHASE) -> list[dict]:
     rows = []
-    for path in sorted((data_dir() / PHASE).glob("*.csv")):
+    for path in sorted((data_dir() / phase).glob("*.csv")):
         with open(path, newline="") as f:
             rows += list(csv.DictReader(f))
     return rows
@@ -128,8 +168,8 @@ def read_rows() -> list[dict]:
 def test_record_missing_fills_only_the_rows_a_cell_did_not_write(array_task):
     from common import ResultWriter
 
-    cell = Cell("small", "flash", ("eager", "compile"))
-    ResultWriter(PHASE).write({**cell.expected_rows()[0], "step_ms": 1.5})
+    (cell,) = cells({**BASELINE, "TRITONLAB_MATRIX_SHAPES": "small", "TRITONLAB_MATRIX_BACKENDS": "flash"})
+    ResultWriter(BASELINE_PHASE).write({**cell.expected_rows()[0], "step_ms": 1.5})
     written = record_missing(cell, "phase process ended with exit code 1: boom")
     assert [r["variant"] for r in written] == ["compile+sdpa-flash"]
     assert record_missing(cell, "again") == []  # idempotent: the collector may run after run-cell
@@ -147,21 +187,25 @@ def test_record_missing_fills_only_the_rows_a_cell_did_not_write(array_task):
 def test_run_cell_turns_a_dead_phase_process_into_a_failure_row(array_task, monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("TRITONLAB_MATRIX", "cpu")
-    monkeypatch.setenv("TRITONLAB_MATRIX_BACKENDS", "no-such-backend")
+    monkeypatch.setenv("TRITONLAB_MATRIX_VARIANTS", "no-such-variant")
     assert run_cell(0) == 1
-    (row,) = read_rows()
-    assert row["variant"] == "eager+sdpa-no-such-backend" and row["status"] == "error"
-    assert "exit code 2" in row["error"] and "no-such-backend" in row["error"]
+    (row,) = read_rows(PHASE)
+    assert (row["variant"], row["base_variant"], row["status"]) == (
+        "no-such-variant",
+        "no-such-variant",
+        "error",
+    )
+    assert "exit code 2" in row["error"] and "no-such-variant" in row["error"]
 
 
 def test_collect_fills_cells_whose_task_never_ran(array_task, monkeypatch, tmp_path):
     monkeypatch.setenv("TRITONLAB_MATRIX", "cpu")
     monkeypatch.setattr(matrix, "_job_state", lambda job: "TIMEOUT")
     matrix.collect("91")
-    rows = read_rows()
+    rows = read_rows(PHASE)
     assert [(r["variant"], r["slurm_array_task_id"]) for r in rows] == [
-        ("eager+sdpa-math", "0"),
-        ("eager+sdpa-flash", "1"),
+        ("sdpa-math", "0"),
+        ("custom-bf16-separate", "1"),
     ]
     assert all("Slurm state: TIMEOUT" in r["error"] and r["run_group"] == "91" for r in rows)
     assert (data_dir().parent / f"{PHASE}.md").exists() and (data_dir().parent / "README.md").exists()
@@ -191,10 +235,10 @@ def test_any_phase_runs_as_a_matrix_one_task_per_shape():
 def test_a_generic_cell_owes_one_row_at_its_shape(array_task):
     from common import ResultWriter
 
-    cell = Cell("mid", phase="06_fused_mlp")
+    cell = Cell("06_fused_mlp", "mid")
     (failed,) = record_missing(cell, "killed")
     assert failed["variant"] == "(every variant)" and failed["phase"] == "06_fused_mlp"
     assert record_missing(cell, "again") == []
-    other = Cell("large", phase="06_fused_mlp")
+    other = Cell("06_fused_mlp", "large")
     ResultWriter("06_fused_mlp").write({"variant": "eager", "shape": "large", "ms": 1.0})
     assert record_missing(other, "x") == []
