@@ -7,8 +7,9 @@ makes them: strided views of (B, L, H·D) projections. Each cell checks its impl
 the reference SDPA backend (cuDNN on a GPU, the math backend on the CPU) and then times it; a cell
 that fails or runs out of memory becomes a row saying so.
 
-The three phases also share their command line (:func:`attention_parser`, :func:`parse_attention_args`)
-and their report (:func:`attention_report`); each adds its goals and, 04, its own flags.
+The three phases also share their command line (:func:`attention_parser`, :func:`parse_attention_args`;
+02's and 03's whole script, :func:`attention_main`) and their report (:func:`attention_report`); each
+adds its goals and, 04, its own flags.
 """
 
 import functools
@@ -24,7 +25,7 @@ from tritonlab.models import SHAPES, resolve_shape
 from tritonlab.testing import DTYPES
 from tritonlab.tuning import ConfigRecord
 
-from .cli import parse_phase_args, phase_parser, refuse_bf16_on_cpu
+from .cli import parse_phase_args, phase_parser, phase_run, refuse_bf16_on_cpu
 from .device import DEVICE, ON_GPU
 from .memory import measure_peak_memory
 from .ncu import render_profile
@@ -38,7 +39,7 @@ from .report import (  # much the same list as other modules': a declaration, no
     markdown_table,
     select_latest,
 )
-from .runner import Cell, check_close, timed
+from .runner import Cell, check_close, run_cells, timed
 from .timing import graph_replay
 
 HEADS, HEAD_DIM = 8, 64
@@ -72,13 +73,8 @@ class Case:
         return 4.0 * self.batch * self.heads * self.lq * self.lk * self.head_dim
 
     def columns(self) -> dict:
-        return {
-            "batch": self.batch,
-            "heads": self.heads,
-            "lq": self.lq,
-            "lk": self.lk,
-            "head_dim": self.head_dim,
-        }
+        """The row's size columns, in this order."""
+        return {name: getattr(self, name) for name in ("batch", "heads", "lq", "lk", "head_dim")}
 
 
 def tnp_case(name: str) -> Case:
@@ -108,6 +104,17 @@ def parse_attention_args(parser, argv=None):
     args = parse_phase_args(parser, argv)
     args.cases = cases_from(parser, args)
     return args
+
+
+def attention_main(
+    phase: str, doc: str, cells: Callable[[list[Case], str], tuple[Iterator[Cell], int]], report, argv=None
+) -> None:
+    """The script of phases 02 and 03: :func:`attention_parser` (the first line of the phase's ``doc``
+    its description), then ``cells(cases, dtype)``, the cells and their count, then ``report``."""
+    args = parse_attention_args(attention_parser(phase, doc.strip().splitlines()[0]), argv)
+    with phase_run(phase, report, no_report=args.no_report) as writer:
+        phase_cells, total = cells(args.cases, args.dtype)
+        run_cells(writer, phase_cells, total=total)
 
 
 def add_case_arguments(parser) -> None:

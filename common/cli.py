@@ -107,16 +107,18 @@ def choices_argument(
     *,
     all_by_default: bool = True,
     default_help: str = "all",
+    what: str = "",
 ) -> None:
     """``flag`` takes one or more of ``names`` (e.g. ``--variants``); its default is all of them, or
-    None with ``all_by_default=False`` (the phase then picks); ``default_help`` says what it is."""
+    None with ``all_by_default=False`` (the phase then picks); ``default_help`` says what it is, and
+    ``what``, if given, opens the help ("SDPA backends to pin, any of ...")."""
     parser.add_argument(
         flag,
         nargs="+",
         choices=names,
         default=list(names) if all_by_default else None,
         metavar=metavar,
-        help=f"any of {', '.join(names)} (default: {default_help})",
+        help=f"{what + ', ' if what else ''}any of {', '.join(names)} (default: {default_help})",
     )
 
 

@@ -21,23 +21,23 @@ torch.compile's backward normally frees ("donates") saved buffers as it goes, wh
 ``retain_graph`` the backward timing needs; :func:`measure_fwd_bwd` turns donation off, which can
 only raise compile's peak memory a little, not change its times.
 
-:func:`fwd_bwd_parser` is the command line all three share (the TNP shapes, ``--variants``), and
-:func:`render_sweep` the report: the latest row of each cell, speedups against baselines of the same
-run, the goals' lines, a table of every cell, a figure, the tiles, the failures;
-:func:`fwd_bwd_verdicts` their headline verdicts.
+:func:`fwd_bwd_parser` is the command line all three share (the TNP shapes, ``--variants``),
+:func:`fwd_bwd_main` the whole script of 06 and 07, and :func:`render_sweep` the report: the latest
+row of each cell, speedups against baselines of the same run, the goals' lines, a table of every
+cell, a figure, the tiles, the failures; :func:`fwd_bwd_verdicts` their headline verdicts.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pandas as pd
 import torch
 import torch._functorch.config
 from torch import Tensor
 
-from tritonlab.testing import rel_err
+from tritonlab.testing import DTYPES, rel_err
 from tritonlab.tuning import ConfigRecord
 
-from .cli import choices_argument, phase_parser
+from .cli import choices_argument, parse_phase_args, phase_parser, phase_run, refuse_bf16_on_cpu
 from .device import ON_GPU
 from .memory import measure_peak_memory
 from .report import (  # much the same list as other modules': a declaration, not logic
@@ -49,7 +49,7 @@ from .report import (  # much the same list as other modules': a declaration, no
     markdown_table,
     select_latest,
 )
-from .runner import Cell, check_close
+from .runner import Cell, check_close, run_cells
 from .timing import bench
 
 SHAPE_ORDER = {"tiny": 0, "small": 1, "mid": 2, "large": 3}  # the --shape choices, in this order
@@ -70,6 +70,31 @@ def fwd_bwd_parser(phase: str, description: str, variants, *, dtypes, epilog: st
     )  # fmt: skip
     choices_argument(parser, "--variants", variants, "VARIANT")
     return parser
+
+
+def fwd_bwd_main(
+    phase: str,
+    doc: str,
+    variants,
+    cells: Callable[[list[str], list[str], torch.dtype], Iterable[Cell]],
+    report,
+    argv=None,
+) -> None:
+    """The script of phases 06 and 07: :func:`fwd_bwd_parser` (the first line of the phase's ``doc``
+    its description; any dtype, bf16 refused on the CPU), then one cell per shape and variant from
+    ``cells(shapes, variants, dtype)``, then ``report`` rendered."""
+    parser = fwd_bwd_parser(
+        phase,
+        doc.strip().splitlines()[0],
+        variants,
+        dtypes=tuple(DTYPES),
+        epilog="variants: " + ", ".join(variants),
+    )
+    args = parse_phase_args(parser, argv)
+    refuse_bf16_on_cpu(parser, args.dtype)
+    with phase_run(phase, report, no_report=args.no_report) as writer:
+        total = len(args.shape) * len(args.variants)
+        run_cells(writer, cells(args.shape, args.variants, DTYPES[args.dtype]), total=total)
 
 
 def dtype_column(dtype: torch.dtype) -> str:

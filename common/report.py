@@ -86,6 +86,22 @@ def select_latest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return keep.loc[keep["run_group"] == keep["_newest_group"]].drop(columns="_newest_group")
 
 
+def ok_table(
+    df: pd.DataFrame,
+    columns: list[str],
+    *,
+    sort_by: list[str],
+    ascending: bool | list[bool] = True,
+    none: str = "_no rows_\n",
+) -> str:
+    """The ok rows sorted by ``sort_by`` (``ascending`` as pandas takes it), as a table of those of
+    ``columns`` they have; ``none`` where there are no ok rows."""
+    rows = df.loc[df["status"] == "ok"].sort_values(sort_by, ascending=ascending)
+    if rows.empty:
+        return none
+    return markdown_table(rows, [c for c in columns if c in rows])
+
+
 def add_speedup(
     df: pd.DataFrame, keys: list[str], baseline: str, metric: str = "ms", column: str | None = None
 ) -> pd.DataFrame:

@@ -1,7 +1,8 @@
 """One training step of a model, measured: median step time, per-stage times, tokens/s, peak memory."""
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar, Self
 
 import torch
 
@@ -18,10 +19,13 @@ from tritonlab.models import (
     train_step,
 )
 
-from .cli import phase_parser
+from .cli import parse_phase_args, phase_parser, require_at_least
 from .device import DEVICE, ON_GPU
 from .memory import measure_peak_memory
 from .timing import StageTimer
+
+# The large shape takes seconds a step: its cells run at most this many timed and warm-up steps.
+AT_LARGE = {"steps": 3, "warmup": 1}
 
 
 @dataclass
@@ -99,14 +103,15 @@ def step_parser(
     phase: str,
     description: str,
     *,
-    steps: tuple[int, int],
-    warmup: tuple[int, int],
+    steps: tuple[int, int] = (20, 2),
+    warmup: tuple[int, int] = (3, 1),
     before: str = "",
     after: str = "",
 ) -> argparse.ArgumentParser:
     """The parser of a phase that times the TransformerNP's training step: --shape over the model's
     shapes (small and mid on a GPU, tiny on the CPU), --dtype (bf16 is autocast), --batch, and
-    --steps and --warmup with (GPU, CPU) defaults; ``before`` and ``after`` frame the epilog's shapes."""
+    --steps and --warmup with (GPU, CPU) defaults (by default :class:`StepSetup`'s on a GPU);
+    ``before`` and ``after`` frame the epilog's shapes."""
     parser = phase_parser(
         phase,
         description,
@@ -122,21 +127,52 @@ def step_parser(
         + after,
     )
     parser.add_argument("--batch", type=int, default=None, help="override every shape's batch size")
-    gpu, cpu = steps
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=gpu if ON_GPU else cpu,
-        help=f"timed steps (default {gpu}, at most 3 at large; {cpu} on the CPU)",
-    )
-    gpu, cpu = warmup
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=gpu if ON_GPU else cpu,
-        help=f"untimed steps first (default {gpu}, at most 1 at large; {cpu} on the CPU)",
-    )
+    count_argument(parser, "steps", "timed steps", steps, AT_LARGE["steps"])
+    count_argument(parser, "warmup", "untimed steps first", warmup, AT_LARGE["warmup"])
     return parser
+
+
+def count_argument(
+    parser: argparse.ArgumentParser, name: str, what: str, defaults: tuple[int, int], at_large: int
+) -> None:
+    """``--<name>`` (underscores as dashes): a count, ``what`` it counts, with (GPU, CPU) ``defaults``;
+    the help says the cap the large shape puts on it (:attr:`StepSetup.at_large`)."""
+    gpu, cpu = defaults
+    parser.add_argument(
+        f"--{name.replace('_', '-')}",
+        type=int,
+        default=gpu if ON_GPU else cpu,
+        help=f"{what} (default {gpu}, at most {at_large} at large; {cpu} on the CPU)",
+    )
+
+
+def parse_step_args(parser: argparse.ArgumentParser, argv, minimums: dict[str, int]) -> argparse.Namespace:
+    """Parse (``common.cli.parse_phase_args``), refuse a count below its least value (``minimums``;
+    ``--batch`` at least 1) and put ``--shape``'s shapes, ``--batch`` applied, in ``args.shapes``."""
+    args = parse_phase_args(parser, argv)
+    require_at_least(parser, args, {**minimums, "batch": 1})
+    args.shapes = resolve_shapes(parser, args)
+    return args
+
+
+@dataclass(frozen=True)
+class StepSetup:
+    """What every cell of a training-step phase's run shares: the model, the dtype, the timed and
+    warm-up steps and the seed; a phase's subclass adds its own counts, and caps them at the large
+    shape in ``at_large``."""
+
+    cfg: TNPConfig
+    dtype: str
+    steps: int = 20
+    warmup: int = 3
+    seed: int = 0
+    at_large: ClassVar[dict[str, int]] = AT_LARGE
+
+    def for_shape(self, shape: TNPShape) -> Self:
+        """This setup at ``shape``: at large, every count of ``at_large`` at most its cap there."""
+        if shape.name != "large":
+            return self
+        return replace(self, **{name: min(getattr(self, name), cap) for name, cap in self.at_large.items()})
 
 
 def shape_columns(cfg: TNPConfig, shape: TNPShape) -> dict:

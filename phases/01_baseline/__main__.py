@@ -9,7 +9,7 @@ renders the report. Everything later phases do is measured against these rows.
 """
 
 from common import ON_GPU, run_cells
-from common.cli import parse_phase_args, phase_parser, phase_run
+from common.cli import choices_argument, parse_phase_args, phase_parser, phase_run
 from common.step import resolve_shapes
 from tritonlab.models import DTYPES, SDPA_BACKENDS, SHAPES, TNPConfig, resolve_shape
 
@@ -42,15 +42,10 @@ def parse_args(argv=None):
         default=2,
         help="untimed steps first: compilation, autotuning (default: %(default)s)",
     )
-    parser.add_argument(
-        "--sdpa-backend",
-        nargs="+",
-        choices=list(SDPA_BACKENDS),
-        default=None,
-        metavar="BACKEND",
-        help=f"SDPA backends to pin, any of {', '.join(SDPA_BACKENDS)} (default: cudnn flash on a GPU, "
-        "math on the CPU)",
-    )
+    choices_argument(
+        parser, "--sdpa-backend", list(SDPA_BACKENDS), "BACKEND", all_by_default=False,
+        what="SDPA backends to pin", default_help="cudnn flash on a GPU, math on the CPU",
+    )  # fmt: skip
     parser.add_argument(
         "--modes",
         nargs="+",

@@ -10,9 +10,7 @@ tile loader (TMA tensor descriptors or block pointers); ``triton-blockptr`` pins
 Every cell is checked against SDPA before it is timed; each row records the chosen config.
 """
 
-from common import run_cells
-from common.attention_bench import attention_parser, parse_attention_args
-from common.cli import phase_run
+from common.attention_bench import attention_main
 
 from .bench import cells
 from .report import REPORT
@@ -20,16 +18,8 @@ from .report import REPORT
 PHASE = "02_attn_fwd"
 
 
-# The same script as phase 03's, on this phase's bench (shared: common.attention_bench, common.cli).
-def parse_args(argv=None):
-    return parse_attention_args(attention_parser(PHASE, __doc__.strip().splitlines()[0]), argv)
-
-
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
-        phase_cells, total = cells(args.cases, args.dtype)
-        run_cells(writer, phase_cells, total=total)
+    attention_main(PHASE, __doc__, cells, REPORT, argv)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,7 @@ checks and times every variant's forward, backward and forward+backward side by 
 runs the tiny shape with small dims in Triton's interpreter: the code runs, nothing is measured.
 """
 
-from common import run_cells
-from common.cli import parse_phase_args, phase_run, refuse_bf16_on_cpu
-from common.fwd_bwd import fwd_bwd_parser
-from tritonlab.testing import DTYPES
+from common.fwd_bwd import fwd_bwd_main
 
 from .bench import VARIANTS, cells
 from .report import REPORT
@@ -19,22 +16,8 @@ from .report import REPORT
 PHASE = "06_fused_mlp"
 
 
-# The same script as phase 07's, on this phase's bench (shared: common.fwd_bwd, common.cli).
-def parse_args(argv=None):
-    parser = fwd_bwd_parser(
-        PHASE, __doc__.strip().splitlines()[0], VARIANTS, dtypes=tuple(DTYPES),
-        epilog="variants: " + ", ".join(VARIANTS),
-    )  # fmt: skip
-    args = parse_phase_args(parser, argv)
-    refuse_bf16_on_cpu(parser, args.dtype)
-    return args
-
-
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
-        total = len(args.shape) * len(args.variants)
-        run_cells(writer, cells(args.shape, args.variants, DTYPES[args.dtype]), total=total)
+    fwd_bwd_main(PHASE, __doc__, VARIANTS, cells, REPORT, argv)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ report opens with a verdict per shape: best tokens/s with checkpointing over bes
 """
 
 from common import ON_GPU
-from common.cli import parse_phase_args, phase_run, require_at_least
-from common.step import resolve_shapes, step_parser
+from common.cli import phase_run
+from common.step import parse_step_args, step_parser
 from tritonlab.models import CHECKPOINT_MODES
 
 from .bench import ATTENTIONS, CPU_CAP, GPU_CAP_FACTOR, Setup, model_config, run_phase
@@ -76,11 +76,8 @@ def parse_args(argv=None):
         default=1,
         help="untimed steps per probe; one puts AdamW's state in the peak (default: %(default)s)",
     )
-    args = parse_phase_args(parser, argv)
-    require_at_least(
-        parser,
-        args,
-        {"steps": 1, "warmup": 0, "batch": 1, "max_batch": 1, "search_steps": 1, "search_warmup": 0},
+    args = parse_step_args(
+        parser, argv, {"steps": 1, "warmup": 0, "max_batch": 1, "search_steps": 1, "search_warmup": 0}
     )
     if not ON_GPU and args.max_batch is not None and args.max_batch > 4 * CPU_CAP:
         parser.error(f"--max-batch {args.max_batch}: at most {4 * CPU_CAP} in the CPU's interpreter")
@@ -89,7 +86,6 @@ def parse_args(argv=None):
         parser.error(
             "--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp32 with Triton attention"
         )
-    args.shapes = resolve_shapes(parser, args)
     args.checkpoint = list(dict.fromkeys(args.checkpoint))  # each mode once, in the order given
     return args
 

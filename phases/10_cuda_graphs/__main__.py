@@ -15,8 +15,8 @@ step in Triton's interpreter and writes the graphed cell as "skipped": the CPU h
 """
 
 from common import ON_GPU, run_cells
-from common.cli import parse_phase_args, phase_run, require_at_least
-from common.step import resolve_shapes, step_parser
+from common.cli import choices_argument, phase_run
+from common.step import count_argument, parse_step_args, step_parser
 
 from .bench import COMPONENTS, LOSS_RTOL, UPDATE_RTOL, Setup, model_config, shape_cells
 from .report import REPORT
@@ -28,28 +28,18 @@ def parse_args(argv=None):
     parser = step_parser(
         PHASE,
         __doc__.strip().splitlines()[0],
-        steps=(20, 2),
-        warmup=(3, 1),
         after=" Validation tolerance where the plain step is not bitwise reproducible: each loss within "
         f"{LOSS_RTOL:g} relative, the parameters' update within {UPDATE_RTOL:g} of its norm.",
     )
-    parser.add_argument(
-        "--components",
-        nargs="+",
-        choices=list(COMPONENTS),
-        default=None,
-        metavar="NAME",
-        help=f"the model's components, any of {', '.join(COMPONENTS)} (default: sdpa-cudnn triton on a GPU, "
-        "sdpa-math on the CPU; triton needs --dtype fp32 there)",
-    )
-    parser.add_argument(
-        "--check-steps",
-        type=int,
-        default=5 if ON_GPU else 2,
-        help="steps compared, graphed against plain, before timing (default 5, at most 2 at large; 2 on the CPU)",
-    )
-    args = parse_phase_args(parser, argv)
-    require_at_least(parser, args, {"steps": 1, "warmup": 1, "check_steps": 1, "batch": 1})
+    choices_argument(
+        parser, "--components", list(COMPONENTS), "NAME", all_by_default=False, what="the model's components",
+        default_help="sdpa-cudnn triton on a GPU, sdpa-math on the CPU; triton needs --dtype fp32 there",
+    )  # fmt: skip
+    count_argument(
+        parser, "check_steps", "steps compared, graphed against plain, before timing", (5, 2),
+        Setup.at_large["check_steps"],
+    )  # fmt: skip
+    args = parse_step_args(parser, argv, {"steps": 1, "warmup": 1, "check_steps": 1})
     args.components = list(
         dict.fromkeys(args.components or (["sdpa-cudnn", "triton"] if ON_GPU else ["sdpa-math"]))
     )
@@ -59,7 +49,6 @@ def parse_args(argv=None):
         )
     if not ON_GPU and any(c in ("sdpa-cudnn", "sdpa-flash") for c in args.components):
         parser.error("--components: cuDNN and flash SDPA need a CUDA GPU; use sdpa-math or triton on the CPU")
-    args.shapes = resolve_shapes(parser, args)
     return args
 
 

@@ -23,11 +23,12 @@ plain step that includes the GPU's idle gaps while the host launches, which is t
 import dataclasses
 import gc
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 
 from common import ON_GPU, Cell, measure_peak_memory
-from common.step import shape_columns
+from common.step import AT_LARGE, StepSetup, shape_columns
 from common.timing import StageTimer
 from tritonlab.models import Components, TNPConfig, TNPShape, build, check_dtype, sample_tasks, sdpa_attention
 from tritonlab.models.training import train_step
@@ -72,21 +73,11 @@ COMPONENTS: dict[str, Callable[[], Components]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Setup:
-    cfg: TNPConfig
-    dtype: str
-    steps: int = 20
-    warmup: int = 3
-    check_steps: int = 5
-    seed: int = 0
+class Setup(StepSetup):
+    """``StepSetup`` with the steps compared, graphed against plain, before timing (2 at most at large)."""
 
-    def for_shape(self, shape: TNPShape) -> "Setup":
-        """The large shape (seconds a step) runs at most 3 timed steps, 1 warm-up and 2 checked."""
-        if shape.name != "large":
-            return self
-        return dataclasses.replace(
-            self, steps=min(self.steps, 3), warmup=min(self.warmup, 1), check_steps=min(self.check_steps, 2)
-        )
+    check_steps: int = 5
+    at_large: ClassVar[dict[str, int]] = {**AT_LARGE, "check_steps": 2}
 
 
 @dataclasses.dataclass

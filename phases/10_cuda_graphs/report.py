@@ -3,13 +3,16 @@ of the same run, then every step measured with its validation against the plain 
 
 import pandas as pd
 
-from common.report import Figures, PhaseReport, Verdict, failures_table, markdown_table
+from common.report import Figures, PhaseReport, Verdict, failures_table, ok_table, select_latest
 
 TITLE = "10_cuda_graphs — the whole training step in one CUDA graph against the plain eager step"
 SHAPE_ORDER = {"tiny": 0, "small": 1, "mid": 2, "large": 3}
 # The small step is launch-bound (the host's launches outlast the GPU's work): there the graph must
 # pay. At mid and large the GPU's work dominates and the graph can only remove the host's gaps.
 GOALS = {"small": 1.2}
+TABLE = ["shape", "batch", "dtype", "components", "graph", "step_ms", "step_p20_ms", "step_p80_ms", "tokens_per_s",
+         "peak_mem_gb", "speedup_vs_plain", "validation", "max_param_diff", "loss_max_diff",
+         "update_rel_diff"]  # fmt: skip
 
 
 def _prepare(df: pd.DataFrame) -> pd.DataFrame:
@@ -19,9 +22,7 @@ def _prepare(df: pd.DataFrame) -> pd.DataFrame:
     df = df.loc[df["graph"].astype(str).isin(["plain", "graphed"])].copy()
     if df.empty:
         return df
-    newest = df.sort_values("utc").groupby(["shape", "dtype", "components"])["run_group"].last()
-    keep = df.join(newest.rename("_newest"), on=["shape", "dtype", "components"])
-    keep = keep.loc[keep["run_group"] == keep["_newest"]].drop(columns="_newest")
+    keep = select_latest(df, ["shape", "dtype", "components"])
     return keep.assign(order=keep["shape"].map(SHAPE_ORDER).fillna(9))
 
 
@@ -69,18 +70,6 @@ def verdict_lines(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _table(df: pd.DataFrame) -> str:
-    rows = df.loc[df["status"] == "ok"].sort_values(
-        ["order", "dtype", "components", "graph"], ascending=[True, True, True, False]
-    )
-    if rows.empty:
-        return "_no step measured_\n"
-    cols = ["shape", "batch", "dtype", "components", "graph", "step_ms", "step_p20_ms", "step_p80_ms", "tokens_per_s",
-            "peak_mem_gb", "speedup_vs_plain", "validation", "max_param_diff", "loss_max_diff",
-            "update_rel_diff"]  # fmt: skip
-    return markdown_table(rows, [c for c in cols if c in rows])
-
-
 def render(df: pd.DataFrame, fig: Figures) -> str:
     df = _prepare(df)
     if df.empty:
@@ -97,7 +86,15 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "added at its peak (model, AdamW state, activations; the graph's pool). `validation`: the graphed "
         "step against the plain one from the same weights and batch — `bitwise`, or within tolerance where "
         "the plain step is not bitwise reproducible itself; the plain row's differences are its own "
-        "run-to-run ones.\n\n" + _table(df) + failures_table(df)
+        "run-to-run ones.\n\n"
+        + ok_table(
+            df,
+            TABLE,
+            sort_by=["order", "dtype", "components", "graph"],
+            ascending=[True, True, True, False],
+            none="_no step measured_\n",
+        )
+        + failures_table(df)
     )
 
 

@@ -15,8 +15,8 @@ naming why.
 """
 
 from common import ON_GPU, run_cells
-from common.cli import parse_phase_args, phase_run, require_at_least
-from common.step import resolve_shapes, step_parser
+from common.cli import choices_argument, phase_run
+from common.step import count_argument, parse_step_args, step_parser
 from tritonlab.models import CHECKPOINT_MODES
 
 from .bench import TOLERANCES, VARIANTS, Setup, model_config, shape_cells
@@ -36,21 +36,15 @@ def parse_args(argv=None):
     parser = step_parser(
         PHASE,
         __doc__.strip().splitlines()[0],
-        steps=(20, 2),
-        warmup=(3, 1),
         after=f" Correctness tolerance against the reference: {_tolerance_text()}.",
     )
     if not ON_GPU:
         parser.set_defaults(dtype="fp32")  # the interpreter's bf16 dots are wrong
-    parser.add_argument(
-        "--variants",
-        nargs="+",
-        choices=VARIANTS,
-        default=None,
-        metavar="NAME",
-        help=f"any of {', '.join(VARIANTS)} (default: all but sdpa-math on a GPU; all on the CPU, where "
-        "the cuDNN, flash, compiled and FP8 ones are skipped rows)",
-    )
+    choices_argument(
+        parser, "--variants", VARIANTS, "NAME", all_by_default=False,
+        default_help="all but sdpa-math on a GPU; all on the CPU, where the cuDNN, flash, compiled and FP8 ones "
+        "are skipped rows",
+    )  # fmt: skip
     parser.add_argument(
         "--checkpoint",
         nargs="+",
@@ -67,24 +61,24 @@ def parse_args(argv=None):
         help="replay the step from one CUDA graph (tritonlab.graphs.GraphedStep): off, on or both "
         "(default off; on the CPU a graphed cell is a skipped row)",
     )
-    parser.add_argument(
-        "--loss-steps",
-        type=int,
-        default=200 if ON_GPU else 3,
-        help="training steps of the recorded loss curve (default 200, at most 10 at large; 3 on the CPU)",
+    count_argument(
+        parser,
+        "loss_steps",
+        "training steps of the recorded loss curve",
+        (200, 3),
+        Setup.at_large["loss_steps"],
     )
-    args = parse_phase_args(parser, argv)
-    require_at_least(parser, args, {"steps": 1, "warmup": 1, "batch": 1, "loss_steps": 0})
+    args = parse_step_args(parser, argv, {"steps": 1, "warmup": 1, "loss_steps": 0})
     if not ON_GPU and args.dtype == "bf16":
         parser.error("--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp32")
     default = [v for v in VARIANTS if v != "sdpa-math"] if ON_GPU else VARIANTS
     args.variants = list(dict.fromkeys(args.variants or default))
     args.checkpoint = list(dict.fromkeys(args.checkpoint))
     args.graphs = [g == "on" for g in dict.fromkeys(args.graphs)]
-    args.shapes = resolve_shapes(parser, args)
     return args
 
 
+# Phase 10's main in shape (parse, Setup, a run over the shapes); what the two share is common.step's.
 def main(argv=None) -> None:
     args = parse_args(argv)
     setup = Setup(

@@ -20,11 +20,12 @@ at the same shape, checkpoint mode and graph toggle (baselines run first).
 import dataclasses
 import gc
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 
 from common import ON_GPU, Cell, measure_peak_memory
-from common.step import shape_columns, variant_label
+from common.step import AT_LARGE, StepSetup, shape_columns, variant_label
 from common.timing import StageTimer
 from tritonlab.models import Components, TNPConfig, TNPShape, build, check_dtype, sample_tasks, sdpa_attention
 from tritonlab.models.training import train_step
@@ -107,21 +108,11 @@ def skip_reason(variant: str, graphs: bool) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Setup:
-    cfg: TNPConfig
-    dtype: str
-    steps: int = 20
-    warmup: int = 3
-    loss_steps: int = 200
-    seed: int = 0
+class Setup(StepSetup):
+    """``StepSetup`` with the loss curve's training steps (10 at most at large)."""
 
-    def for_shape(self, shape: TNPShape) -> "Setup":
-        """The large shape (seconds a step): at most 3 timed steps, 1 warm-up, 10 loss-curve steps."""
-        if shape.name != "large":
-            return self
-        return dataclasses.replace(
-            self, steps=min(self.steps, 3), warmup=min(self.warmup, 1), loss_steps=min(self.loss_steps, 10)
-        )
+    loss_steps: int = 200
+    at_large: ClassVar[dict[str, int]] = {**AT_LARGE, "loss_steps": 10}
 
 
 def _device() -> str:

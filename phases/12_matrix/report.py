@@ -9,7 +9,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from common.report import Figures, PhaseReport, Verdict, failures_table, markdown_table, write_atomically  # noqa: E402
+from common.report import (  # noqa: E402
+    Figures,
+    PhaseReport,
+    Verdict,
+    failures_table,
+    markdown_table,
+    ok_table,
+    select_latest,
+    write_atomically,
+)
 
 TITLE = "12_matrix — the TransformerNP end to end: SDPA baselines against our kernels, eager and compiled"
 SHAPE_ORDER = {"tiny": 0, "small": 1, "mid": 2, "large": 3}
@@ -18,15 +27,17 @@ BASELINES = ("sdpa-cudnn", "sdpa-flash", "compile+sdpa-cudnn", "compile+sdpa-fla
 GOALS = {"small": 1.2, "mid": 1.15, "large": 1.15}
 GOAL_BASELINES = {"small": BASELINES, "mid": ("sdpa-cudnn", "compile+sdpa-cudnn"),
                   "large": ("sdpa-cudnn", "compile+sdpa-cudnn")}  # fmt: skip
+TABLE = ["shape", "batch", "dtype", "variant", "step_ms", "step_p20_ms", "step_p80_ms", "forward_ms",
+         "backward_ms", "optimizer_ms", "tokens_per_s", "peak_mem_gb", "speedup_vs_sdpa_cudnn",
+         "speedup_vs_best_baseline", "loss_rel_err", "grad_max_rel_err", "loss_first", "loss_last",
+         "loss_lowered"]  # fmt: skip
 
 
 def _prepare(df: pd.DataFrame) -> pd.DataFrame:
     """This phase's rows of the newest run group per shape and dtype (measured side by side)."""
     if df.empty or "base_variant" not in df:
         return pd.DataFrame()
-    newest = df.sort_values("utc").groupby(["shape", "dtype"])["run_group"].last()
-    keep = df.join(newest.rename("_newest"), on=["shape", "dtype"])
-    keep = keep.loc[keep["run_group"] == keep["_newest"]].drop(columns="_newest")
+    keep = select_latest(df, ["shape", "dtype"])
     return _speedups(keep.assign(order=keep["shape"].map(SHAPE_ORDER).fillna(9)))
 
 
@@ -161,17 +172,7 @@ def _loss_figure(df: pd.DataFrame, figs: Figures) -> str:
     return _save(fig, figs, "loss_curves", title)
 
 
-def _table(df: pd.DataFrame) -> str:
-    rows = df.loc[df["status"] == "ok"].sort_values(["order", "dtype", "variant"])
-    if rows.empty:
-        return "_no step measured_\n"
-    cols = ["shape", "batch", "dtype", "variant", "step_ms", "step_p20_ms", "step_p80_ms", "forward_ms",
-            "backward_ms", "optimizer_ms", "tokens_per_s", "peak_mem_gb", "speedup_vs_sdpa_cudnn",
-            "speedup_vs_best_baseline", "loss_rel_err", "grad_max_rel_err", "loss_first", "loss_last",
-            "loss_lowered"]  # fmt: skip
-    return markdown_table(rows, [c for c in cols if c in rows])
-
-
+# Opens as 09's and 10's renders do (a three-line guard, then the heading); the rest is this phase's own.
 def render(df: pd.DataFrame, fig: Figures) -> str:
     df = _prepare(df)
     if df.empty:
@@ -185,7 +186,9 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "## Tokens/s per variant and shape\n\n" + _tokens_figure(df, fig)
         + "\n## Where the time goes\n\n" + _stages_figure(df, fig)
         + "\n## Loss curves\n\n" + (_loss_figure(df, fig) or "_no loss curve recorded_\n")
-        + "\n## Every step measured\n\n" + _table(df) + failures_table(df)
+        + "\n## Every step measured\n\n"
+        + ok_table(df, TABLE, sort_by=["order", "dtype", "variant"], none="_no step measured_\n")
+        + failures_table(df)
     )  # fmt: skip
 
 

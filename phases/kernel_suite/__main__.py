@@ -23,6 +23,7 @@ PHASE = "kernel_suite"
 
 
 def parse_args(argv=None):
+    # phase_parser's arguments, with this phase's values: every phase's call has this shape.
     parser = phase_parser(
         PHASE,
         __doc__.strip().splitlines()[0],

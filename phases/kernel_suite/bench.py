@@ -37,6 +37,8 @@ from tritonlab.ops.cross_entropy import CrossEntropyFunction, CrossEntropySettin
 from tritonlab.ops.rms_norm import RMSNormFunction, RMSNormSettings
 from tritonlab.testing import DTYPES, rel_err
 
+from .names import KERNELS
+
 try:  # optional: `uv sync --extra liger`; without it Liger's cells are rows saying so
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
@@ -48,16 +50,6 @@ try:  # optional: `uv sync --extra liger`; without it Liger's cells are rows say
 except (ImportError, RuntimeError) as err:  # not installed, or a Triton/driver error on import
     LIGER_MISSING = f"liger-kernel not importable ({type(err).__name__}: {err})"[:200]
 
-KERNELS = (
-    "rms_norm",
-    "gelu",
-    "swiglu",
-    "rope",
-    "cross_entropy",
-    "fused_linear_cross_entropy",
-    "fp8_row",
-    "fp8_block",
-)
 VARIANTS = ("ours", "eager", "compile", "liger")
 PASSES = ("fwd", "bwd", "fwd+bwd")
 

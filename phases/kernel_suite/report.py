@@ -12,17 +12,8 @@ from common.report import (
     select_latest,
 )
 
-# bench.KERNELS again: a report renders from CSVs without importing the kernels.
-KERNELS = (
-    "rms_norm",
-    "gelu",
-    "swiglu",
-    "rope",
-    "cross_entropy",
-    "fused_linear_cross_entropy",
-    "fp8_row",
-    "fp8_block",
-)
+from .names import KERNELS
+
 BASELINES = ("eager", "compile", "liger")
 MEMORY_BOUND = ("rms_norm", "gelu", "swiglu", "rope", "fp8_row", "fp8_block")
 COPY_GOAL_PCT = 90.0

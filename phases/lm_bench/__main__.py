@@ -18,6 +18,7 @@ and measures nothing; any other size is refused at once.
 """
 
 import argparse
+from collections.abc import Callable
 
 from common import ON_GPU, run_cells
 from common.cli import parse_phase_args, phase_parser, refuse_bf16_on_cpu
@@ -238,34 +239,40 @@ def print_step(row: dict) -> None:
         print(f"    loss rel err {row['loss_rel_err']:.2e}, worst gradient rel err {row['grad_rel_err']:.2e}")
 
 
-def _status(row: dict) -> str:
-    return f"{row['status']}: {row.get('error', '')}"
+def _print_study(head: str, row: dict, measured: Callable[[dict], str]) -> None:
+    """A profile or memory row under the runner's line: ``head``, then what it measured or, if it
+    failed, its status and error."""
+    text = measured(row) if row.get("status") == "ok" else f"{row['status']}: {row.get('error', '')}"
+    print(f"{head} {text}")
+
+
+def _profile_text(row: dict) -> str:
+    if row.get("table") == "kernels":
+        return (
+            f"#{row['rank']:<2d} {row['total_ms']:9.3f} ms {row['share']:6.1%} x{row['calls']:<5d} "
+            f"{row['kernel'][:70]}"
+        )
+    return f"attention {row['component']:8s} {row['total_ms']:9.3f} ms/step, {row['flops']:.3g} FLOPs"
+
+
+def _memory_text(row: dict) -> str:
+    if row.get("table") == "derivation":
+        return (
+            f"{row['tensor']}: {row['formula']} = {row['derived_bytes']:,d} B derived, "
+            f"{row['measured_bytes']:,d} B measured"
+        )
+    if row.get("table") == "peak":
+        return f"peak {row['peak_mem_gb']:.3f} GB"
+    return f"snapshot {row['snapshot']}, timeline {row['timeline_png']}"
 
 
 def print_profile(row: dict) -> None:
-    head = f"  {row['size']} ctx {row['context']} {row['mode']} {row['dtype']}"
-    if row.get("status") != "ok":
-        print(f"{head} {_status(row)}")
-    elif row.get("table") == "kernels":
-        print(f"{head} #{row['rank']:<2d} {row['total_ms']:9.3f} ms {row['share']:6.1%} x{row['calls']:<5d} "
-              f"{row['kernel'][:70]}")  # fmt: skip
-    else:
-        print(
-            f"{head} attention {row['component']:8s} {row['total_ms']:9.3f} ms/step, {row['flops']:.3g} FLOPs"
-        )
+    _print_study(f"  {row['size']} ctx {row['context']} {row['mode']} {row['dtype']}", row, _profile_text)
 
 
 def print_memory(row: dict) -> None:
     head = f"  {row['variant']:10s} {row['size']} ctx {row['context']} {row['mode']} {row['dtype']}"
-    if row.get("status") != "ok":
-        print(f"{head} {_status(row)}")
-    elif row.get("table") == "derivation":
-        print(f"{head} {row['tensor']}: {row['formula']} = {row['derived_bytes']:,d} B derived, "
-              f"{row['measured_bytes']:,d} B measured")  # fmt: skip
-    elif row.get("table") == "peak":
-        print(f"{head} peak {row['peak_mem_gb']:.3f} GB")
-    else:
-        print(f"{head} snapshot {row['snapshot']}, timeline {row['timeline_png']}")
+    _print_study(head, row, _memory_text)
 
 
 def main(argv=None) -> None:

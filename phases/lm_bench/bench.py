@@ -18,7 +18,7 @@ from torch import nn
 from common import DEVICE, Cell, check_close, measure_peak_memory
 from common.device import autocast as device_autocast
 from common.device import synchronize as sync
-from tritonlab.models import (
+from tritonlab.models import (  # the library's LM, as its package exports it: a declaration, not logic
     LM_SIZES,
     LMComponents,
     TransformerLM,

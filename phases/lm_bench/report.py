@@ -41,10 +41,11 @@ def _cols(rows: pd.DataFrame, cols: list[str]) -> list[str]:
     return [c for c in cols if c in rows]
 
 
-def _timing(df: pd.DataFrame) -> str:
-    rows = _latest_run(_part(df, "timing"))
-    if rows.empty:
-        return ""
+def _ok(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.loc[rows["status"] == "ok"] if "status" in rows else rows
+
+
+def _timing(rows: pd.DataFrame) -> str:
     ok = rows.loc[rows["status"] == "ok"]
     out = ["## timing\n", "Mean and standard deviation over the timed steps (each between two "
            "`torch.cuda.synchronize()` calls); `first_ms` is the first timed step. OOM cells are rows too.\n"]  # fmt: skip
@@ -62,11 +63,8 @@ def _timing(df: pd.DataFrame) -> str:
     return "\n".join(out) + failures_table(rows)
 
 
-def _warmup(df: pd.DataFrame, fig: Figures) -> str:
-    rows = _latest_run(_part(df, "warmup"))
-    if rows.empty:
-        return ""
-    ok = rows.loc[rows["status"] == "ok"].copy()
+def _warmup(rows: pd.DataFrame, fig: Figures) -> str:
+    ok = _ok(rows).copy()
     out = [
         "## warm-up\n",
         "The same step after 0, 1, 2 and 5 untimed warm-up steps. Without warm-up the first timed step "
@@ -95,34 +93,31 @@ def _warmup(df: pd.DataFrame, fig: Figures) -> str:
     return "\n".join(out) + failures_table(rows)
 
 
-def _precision(df: pd.DataFrame) -> str:
-    rows = _latest_run(_part(df, "precision"))
-    if rows.empty:
-        return ""
+def _precision(rows: pd.DataFrame) -> str:
     out = ["## precision\n"]
-    acc = rows.loc[rows["shape"] == "scalar"]
-    if not acc.empty:
-        out += [
+    # Each experiment's rows (by their shape column): what they show, and the table's columns.
+    experiments = {
+        "scalar": (
             "0.01 added 1000 times (exactly 10). fp16 cannot hold 0.01 exactly (it is 0.010002) and, once "
             "the sum is near 10, its spacing of 2^-7 swallows most of each add; accumulating in fp32 keeps "
             "only fp16's representation error of 0.01.\n",
-            markdown_table(acc, _cols(acc, ["variant", "dtype", "value", "abs_err"])),
-        ]
-    seen = rows.loc[rows["shape"] == "toy"]
-    if not seen.empty:
-        out += [
+            ["variant", "dtype", "value", "abs_err"],
+        ),
+        "toy": (
             "\nThe toy model (Linear, ReLU, LayerNorm, Linear) under bf16 autocast on the GPU: parameters "
             "stay fp32 and gradients take their dtype; linear layers compute and return bf16; "
             "LayerNorm and the cross-entropy are on CUDA autocast's float32 list.\n",
-            markdown_table(seen, _cols(seen, ["tensor", "seen_dtype"])),
-        ]
+            ["tensor", "seen_dtype"],
+        ),
+    }
+    for shape, (text, cols) in experiments.items():
+        part = rows.loc[rows["shape"] == shape]
+        if not part.empty:
+            out += [text, markdown_table(part, _cols(part, cols))]
     return "\n".join(out)
 
 
-def _ours(df: pd.DataFrame) -> str:
-    rows = _latest_run(_part(df, "ours"))
-    if rows.empty:
-        return ""
+def _ours(rows: pd.DataFrame) -> str:
     out = ["## ours\n", "Our kernels (flash2's FlashAttention-2, causal; RMSNorm, SwiGLU, RoPE, cross-entropy "
            "from `tritonlab.ops`) in the same model, against PyTorch's components with naive attention "
            "and with SDPA. Loss and gradients are checked against the PyTorch model first (`check`).\n"]  # fmt: skip
@@ -149,14 +144,7 @@ def _ours(df: pd.DataFrame) -> str:
     return "\n".join(out) + failures_table(rows.loc[rows["variant"] != "check"])
 
 
-def _ok(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows.loc[rows["status"] == "ok"] if "status" in rows else rows
-
-
-def _profile(df: pd.DataFrame) -> str:
-    rows = _latest_run(_part(df, "profile"))
-    if rows.empty:
-        return ""
+def _profile(rows: pd.DataFrame) -> str:
     out = ["## profile\n", "torch.profiler over the timed steps (after warm-up), naive attention: the top CUDA "
            "kernels by total time (`share` of all kernel time in the profile), for forward only and for a "
            "full train step (forward, backward, AdamW). Forward, backward and the optimizer step sit in NVTX "
@@ -189,10 +177,7 @@ def _profile(df: pd.DataFrame) -> str:
     return "\n".join(out) + failures_table(rows)
 
 
-def _memory(df: pd.DataFrame) -> str:
-    rows = _latest_run(_part(df, "memory"))
-    if rows.empty:
-        return ""
+def _memory(rows: pd.DataFrame) -> str:
     out = ["## memory\n"]
     ok = _ok(rows)
     der = ok.loc[ok["variant"] == "derivation"]
@@ -233,10 +218,8 @@ def _memory(df: pd.DataFrame) -> str:
     return "\n".join(out) + failures_table(rows)
 
 
-def _compile(df: pd.DataFrame) -> str:
-    rows = _latest_run(_part(df, "compile"))
-    if rows.empty:
-        return ""
+# A heading and its prose open every section: alike in shape only, as _profile's.
+def _compile(rows: pd.DataFrame) -> str:
     out = ["## compile\n", "The model's loss (forward and cross-entropy) under `torch.compile` against eager, "
            "per mode; AdamW is the same eager step in both. `first_call_ms` is the first call (the compile, "
            "for `compiled`). Naive attention alone, eager against compiled: `python -m phases flash2 "
@@ -263,16 +246,18 @@ def _compile(df: pd.DataFrame) -> str:
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    sections = [
-        _timing(df),
-        _warmup(df, fig),
-        _precision(df),
-        _profile(df),
-        _memory(df),
-        _compile(df),
-        _ours(df),
-    ]
-    body = "\n".join(s for s in sections if s)
+    # Each part's section, in the report's order, renders the rows of the part's newest run, if any.
+    sections = {
+        "timing": _timing,
+        "warmup": lambda rows: _warmup(rows, fig),
+        "precision": _precision,
+        "profile": _profile,
+        "memory": _memory,
+        "compile": _compile,
+        "ours": _ours,
+    }
+    runs = {part: _latest_run(_part(df, part)) for part in sections}
+    body = "\n".join(section(runs[part]) for part, section in sections.items() if not runs[part].empty)
     return body or "_no rows of a known part_\n"
 
 
