@@ -1,7 +1,7 @@
 """The benchmark matrix a Slurm job array runs: its cells, and what becomes of each one.
 
     python -m slurm.matrix                    # the cells, one per line, then the array size
-    python -m slurm.matrix array              # the --array range, e.g. 0-26 (no number kept by hand)
+    python -m slurm.matrix array              # the --array range, e.g. 0-32 (no number kept by hand)
     python -m slurm.matrix run-cell 3         # run cell 3 here; if it dies, its rows become failure rows
     python -m slurm.matrix collect 1234       # after array job 1234: a failure row for every cell
                                               # that wrote nothing, then the report re-rendered
@@ -46,7 +46,8 @@ BASELINE_PHASE = "01_baseline"  # the SDPA-only training step, by backend and mo
 # Phase 12's variants on a GPU (sdpa-math, far slower, only on request), as `--variants` names them.
 VARIANTS_12 = (
     "sdpa-cudnn", "sdpa-flash", "compile+sdpa-cudnn", "compile+sdpa-flash", "custom-bf16-separate",
-    "custom-bf16-fused", "custom-fp8-fused", "compile+custom-bf16-separate", "compile+custom-bf16-fused",
+    "custom-bf16-fused", "custom-bf16-mixed", "custom-fp8-fused", "compile+custom-bf16-separate",
+    "compile+custom-bf16-fused", "compile+custom-bf16-mixed",
 )  # fmt: skip
 PRESETS = {
     "gpu": {
