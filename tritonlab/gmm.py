@@ -26,6 +26,12 @@ hardware instruction; ``exp`` adds a multiply and a denormal fix-up). Is it fini
 extremes, |y - mu| = 1e4 and s = -20? z = 1e4·e^20 ≈ 4.9e12, z² ≈ 2.4e25 and z·exp(-s) ≈ 2.4e21:
 far below fp32's 3.4e38, so no clamp is needed (bf16 has fp32's range too; fp16 gradients would
 overflow at 65 504, so fp16 params are rejected).
+
+**torch.compile.** Dynamo cannot trace the launches (direct launches of cached binaries), so while
+it traces, ``gmm_nll`` calls the custom op ``tritonlab::gmm_nll_forward`` (a float32 scalar; its
+fake implementation says so), whose registered autograd formula calls
+``tritonlab::gmm_nll_backward``: the same launches as the eager route, as opaque nodes. Eager
+calls keep the plain autograd function, which skips the custom-op dispatcher's host time.
 """
 
 import math
@@ -368,10 +374,14 @@ def _backward(params: Tensor, y: Tensor, grad_loss: Tensor) -> Tensor:
     return dparams
 
 
+def _target_grad(dparams: Tensor, y: Tensor) -> Tensor:
+    """dL/dy = -Σ_k dL/dmu_k: free from the params' gradient, if anyone asks (data usually does not)."""
+    return -dparams[:, :, 1].float().sum(1).to(y.dtype)
+
+
 class _GmmNll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, params: Tensor, y: Tensor) -> Tensor:
-        params = params.contiguous()  # the kernels read whole rows; a no-op for the heads' output
         ctx.save_for_backward(params, y)
         return _forward(params, y)
 
@@ -379,9 +389,43 @@ class _GmmNll(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor):
         params, y = ctx.saved_tensors
         dparams = _backward(params, y, grad_loss)
-        # dL/dy = -Σ_k dL/dmu_k: free from what was just written, if anyone asks (data usually does not).
-        dy = -dparams[:, :, 1].float().sum(1).to(y.dtype) if ctx.needs_input_grad[1] else None
-        return dparams, dy
+        return dparams, _target_grad(dparams, y) if ctx.needs_input_grad[1] else None
+
+
+# --- custom ops: the same launches, opaque to torch.compile ---------------------------------------
+
+
+@torch.library.custom_op("tritonlab::gmm_nll_forward", mutates_args=())
+def _gmm_nll_forward(params: Tensor, y: Tensor) -> Tensor:
+    return _forward(params, y)
+
+
+@_gmm_nll_forward.register_fake
+def _(params, y):
+    return params.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("tritonlab::gmm_nll_backward", mutates_args=())
+def _gmm_nll_backward(params: Tensor, y: Tensor, grad_loss: Tensor) -> Tensor:
+    return _backward(params, y, grad_loss)
+
+
+@_gmm_nll_backward.register_fake
+def _(params, y, grad_loss):
+    return params.new_empty(params.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward_formula(ctx, grad_loss):
+    params, y = ctx.saved_tensors
+    dparams = _gmm_nll_backward(params, y, grad_loss)
+    return dparams, _target_grad(dparams, y) if ctx.needs_input_grad[1] else None
+
+
+_gmm_nll_forward.register_autograd(_backward_formula, setup_context=_setup_context)
 
 
 def gmm_nll(params: Tensor, y: Tensor) -> Tensor:
@@ -391,7 +435,12 @@ def gmm_nll(params: Tensor, y: Tensor) -> Tensor:
     params (T, K, 3) = (logit_weight, mu, log_sigma) in fp32 or bf16 (any strides), y (T,) or
     (T, 1). Returns a float32 scalar; the backward writes only d params (T, K, 3).
     """
-    return _GmmNll.apply(params, _check(params, y))
+    y = _check(params, y)
+    params = params.contiguous()  # the kernels read whole rows; a no-op for the heads' output
+    if torch.compiler.is_compiling():
+        return _gmm_nll_forward(params, y)
+    # Eager: the autograd function directly, without the custom op dispatcher's host time per call.
+    return _GmmNll.apply(params, y)
 
 
 class GMMNLLLoss(nn.Module):

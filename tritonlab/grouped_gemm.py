@@ -19,6 +19,13 @@ Backward, with r the row block:
     dz = da W1 (stacked),  dW1 = daᵀ z  (two cuBLAS GEMMs on the stacked (T, K·F) da)
 
 so h is never written (``tritonlab._gemm.mlp_hidden_kernel``).
+
+**torch.compile.** Dynamo cannot trace the autotuned launches, so while it traces, ``gmm_heads``
+calls the custom op ``tritonlab::gmm_heads_forward`` -- (out, the kept pre-activation or an empty
+tensor), with a fake implementation giving their shapes and strides -- whose registered autograd
+formula calls ``tritonlab::gmm_heads_backward``: the same launches as the eager route, as opaque
+nodes. Eager calls keep the plain autograd function, which skips the custom-op dispatcher's host
+time. ``record`` cannot cross a custom op: passing one while compiling is an error.
 """
 
 import torch
@@ -36,7 +43,7 @@ from ._gemm import (
     pad_hidden,
 )
 from ._runtime import INTERPRET
-from .tuning import ConfigRecord, dot_precision
+from .tuning import ConfigRecord, dot_precision, refuse_record_under_compile
 
 __all__ = ["GMMHeads", "gmm_heads", "gmm_heads_bmm"]
 
@@ -62,59 +69,115 @@ _heads_fwd = autotuned_forward(_CPU_FWD_TILES if INTERPRET else _FWD_TILES)
 _heads_hidden_bwd = autotuned_hidden(_CPU_BWD_TILES if INTERPRET else _BWD_TILES)
 
 
+def _heads_forward(
+    z: Tensor, w1: Tensor, w2: Tensor, save_preactivation: bool, record
+) -> tuple[Tensor, Tensor | None]:
+    """(T, G, N_OUT) outputs in one launch, and the stacked pre-activation if it is to be kept."""
+    T, D_IN = z.shape
+    G, D_FF, _ = w1.shape
+    N_OUT = w2.shape[1]
+    out = torch.empty((T, G, N_OUT), dtype=z.dtype, device=z.device)
+    # The stacked pre-activation (T, G·D_FF), head g's columns at g·D_FF, when it is kept.
+    a = aligned_empty(T, G * D_FF, z) if save_preactivation else None
+    a_strides = (a.stride(0), D_FF, 1) if a is not None else (0, 0, 0)
+
+    def grid(meta):
+        return triton.cdiv(T, meta["BLOCK_M"]), 1, G
+
+    _heads_fwd[grid](
+        z, w1, w2, out, a, T, D_FF, N_OUT,
+        *z.stride(), *w1.stride(), *w2.stride(), *out.stride(), *a_strides,
+        D_IN=D_IN, SAVE_PREACT=save_preactivation, DOT_PRECISION=dot_precision(z.dtype),
+    )  # fmt: skip
+    if record is not None:
+        record.note("heads_fwd", _heads_fwd.best_config)
+    return out, a
+
+
+def _heads_backward(z: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, dout: Tensor, record):
+    """dz, dW1, dW2 from the forward's inputs and its pre-activation (or None, to recompute it)."""
+    T, D_IN = z.shape
+    G, D_FF, _ = w1.shape
+    N_OUT = w2.shape[1]
+    dout = dout.to(z.dtype).contiguous()
+    da = aligned_empty(T, G * D_FF, z)
+    n_row_blocks = triton.cdiv(T, _BWD_BLOCK_M)
+    dw2_partials = torch.empty((n_row_blocks, G, N_OUT, D_FF), dtype=torch.float32, device=z.device)
+
+    def grid(meta):
+        return n_row_blocks, triton.cdiv(D_FF, meta["BLOCK_F"]), G
+
+    _heads_hidden_bwd[grid](
+        z, w1, w2, a, dout, da, None, dw2_partials, T, D_FF, N_OUT,
+        *z.stride(), *w1.stride(), *w2.stride(), da.stride(0), D_FF, 1, *dout.stride(),
+        *dw2_partials.stride()[:3],
+        D_IN=D_IN, RECOMPUTE_A=a is None, WRITE_A=False, HAS_DY=True, WRITE_H=False, DW2_PARTIALS=True,
+        DOT_PRECISION=dot_precision(z.dtype),
+    )  # fmt: skip
+    if record is not None:
+        record.note("heads_hidden_bwd", _heads_hidden_bwd.best_config)
+    w1_stacked = w1.reshape(G * D_FF, D_IN)
+    dz = da @ w1_stacked
+    dw1 = (da.t() @ z).view(G, D_FF, D_IN)
+    dw2 = dw2_partials.sum(0).to(w2.dtype)  # a fixed-order sum over row blocks: deterministic
+    return dz, dw1, dw2
+
+
 class _GroupedHeads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: Tensor, w1: Tensor, w2: Tensor, save_preactivation: bool, record) -> Tensor:
-        T, D_IN = z.shape
-        G, D_FF, _ = w1.shape
-        N_OUT = w2.shape[1]
-        out = torch.empty((T, G, N_OUT), dtype=z.dtype, device=z.device)
-        # The stacked pre-activation (T, G·D_FF), head g's columns at g·D_FF, when it is kept.
-        a = aligned_empty(T, G * D_FF, z) if save_preactivation else None
-        a_strides = (a.stride(0), D_FF, 1) if a is not None else (0, 0, 0)
-
-        def grid(meta):
-            return triton.cdiv(T, meta["BLOCK_M"]), 1, G
-
-        _heads_fwd[grid](
-            z, w1, w2, out, a, T, D_FF, N_OUT,
-            *z.stride(), *w1.stride(), *w2.stride(), *out.stride(), *a_strides,
-            D_IN=D_IN, SAVE_PREACT=save_preactivation, DOT_PRECISION=dot_precision(z.dtype),
-        )  # fmt: skip
-        if record is not None:
-            record.note("heads_fwd", _heads_fwd.best_config)
+        out, a = _heads_forward(z, w1, w2, save_preactivation, record)
         ctx.record = record
         ctx.save_for_backward(z, w1, w2, a)
         return out
 
     @staticmethod
     def backward(ctx, dout: Tensor):
-        z, w1, w2, a = ctx.saved_tensors
-        T, D_IN = z.shape
-        G, D_FF, _ = w1.shape
-        N_OUT = w2.shape[1]
-        dout = dout.to(z.dtype).contiguous()
-        da = aligned_empty(T, G * D_FF, z)
-        n_row_blocks = triton.cdiv(T, _BWD_BLOCK_M)
-        dw2_partials = torch.empty((n_row_blocks, G, N_OUT, D_FF), dtype=torch.float32, device=z.device)
+        return *_heads_backward(*ctx.saved_tensors, dout, ctx.record), None, None
 
-        def grid(meta):
-            return n_row_blocks, triton.cdiv(D_FF, meta["BLOCK_F"]), G
 
-        _heads_hidden_bwd[grid](
-            z, w1, w2, a, dout, da, None, dw2_partials, T, D_FF, N_OUT,
-            *z.stride(), *w1.stride(), *w2.stride(), da.stride(0), D_FF, 1, *dout.stride(),
-            *dw2_partials.stride()[:3],
-            D_IN=D_IN, RECOMPUTE_A=a is None, WRITE_A=False, HAS_DY=True, WRITE_H=False, DW2_PARTIALS=True,
-            DOT_PRECISION=dot_precision(z.dtype),
-        )  # fmt: skip
-        if ctx.record is not None:
-            ctx.record.note("heads_hidden_bwd", _heads_hidden_bwd.best_config)
-        w1_stacked = w1.reshape(G * D_FF, D_IN)
-        dz = da @ w1_stacked
-        dw1 = (da.t() @ z).view(G, D_FF, D_IN)
-        dw2 = dw2_partials.sum(0).to(w2.dtype)  # a fixed-order sum over row blocks: deterministic
-        return dz, dw1, dw2, None, None
+# --- custom ops: the same launches, opaque to torch.compile ---------------------------------------
+
+
+@torch.library.custom_op("tritonlab::gmm_heads_forward", mutates_args=())
+def _gmm_heads_forward(z: Tensor, w1: Tensor, w2: Tensor, save_preactivation: bool) -> tuple[Tensor, Tensor]:
+    """(out, a): a is the stacked pre-activation the backward reads with ``save_preactivation``, else empty."""
+    out, a = _heads_forward(z, w1, w2, save_preactivation, None)
+    return out, a if a is not None else z.new_empty(0)
+
+
+@_gmm_heads_forward.register_fake
+def _(z, w1, w2, save_preactivation):
+    (T, _), (G, D_FF, _) = z.shape, w1.shape
+    a = aligned_empty(T, G * D_FF, z) if save_preactivation else z.new_empty(0)
+    return z.new_empty((T, G, w2.shape[1])), a
+
+
+@torch.library.custom_op("tritonlab::gmm_heads_backward", mutates_args=())
+def _gmm_heads_backward(
+    z: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, dout: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _heads_backward(z, w1, w2, a, dout, None)
+
+
+@_gmm_heads_backward.register_fake
+def _(z, w1, w2, a, dout):
+    return z.new_empty(z.shape), z.new_empty(w1.shape), z.new_empty(w2.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    z, w1, w2, save_preactivation = inputs
+    _, a = output
+    ctx.mark_non_differentiable(a)
+    ctx.set_materialize_grads(False)  # no zero-filled gradient for a
+    ctx.save_for_backward(z, w1, w2, a if save_preactivation else None)
+
+
+def _backward_formula(ctx, dout, _grad_a):
+    return *_gmm_heads_backward(*ctx.saved_tensors, dout), None
+
+
+_gmm_heads_forward.register_autograd(_backward_formula, setup_context=_setup_context)
 
 
 def _check_heads_inputs(z: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -149,10 +212,15 @@ def gmm_heads(
     By default nothing of the (T, K·F) hidden layer is kept: the backward recomputes it (one more
     GEMM of the forward's size). ``save_preactivation=True`` writes the pre-activation instead
     (T·K·F values: 880 MB at T = 32 000 in bf16) and the backward reads it. ``record`` receives the
-    tiles the forward's and the backward's autotuners picked.
+    tiles the forward's and the backward's autotuners picked (eager calls only, not under torch.compile).
     """
     z, w1, w2 = _check_heads_inputs(z, w1, w2)
-    return _GroupedHeads.apply(z, *pad_hidden(w1, w2), save_preactivation, record)
+    w1, w2 = pad_hidden(w1, w2)
+    if torch.compiler.is_compiling():
+        refuse_record_under_compile(record, "gmm_heads")
+        return _gmm_heads_forward(z, w1, w2, save_preactivation)[0]
+    # Eager: the autograd function directly, without the custom op dispatcher's host time per call.
+    return _GroupedHeads.apply(z, w1, w2, save_preactivation, record)
 
 
 def gmm_heads_bmm(z: Tensor, w1: Tensor, w2: Tensor) -> Tensor:

@@ -28,6 +28,14 @@ want) is slower than cuBLAS's GEMM plus the separate pass at N_OUT = 512.
 
 ``gemm_silu_mlp`` is the two-kernel forward (a Triton GEMM with a SiLU epilogue, then cuBLAS);
 ``padded_cublas_mlp`` is eager's code on the padded weights, no Triton at all (what padding alone buys).
+
+**torch.compile.** Dynamo cannot trace the autotuned launches, so while it traces, ``fused_mlp`` and
+``fused_mlp_in_registers`` call the custom op ``tritonlab::fused_mlp_forward`` -- (y, the kept
+pre-activation or an empty tensor), with a fake implementation giving their shapes and strides --
+whose registered autograd formula calls ``tritonlab::fused_mlp_backward``: the same launches as the
+eager route, as opaque nodes (the padding and autocast casts around them are traced). Eager calls
+keep the plain autograd function, which skips the custom-op dispatcher's host time. ``record``
+cannot cross a custom op: passing one while compiling is an error. ``gemm_silu_mlp`` stays eager-only.
 """
 
 import torch
@@ -50,7 +58,7 @@ from ._gemm import (
 )
 from ._launch import tma_ok
 from ._runtime import INTERPRET, sm_count
-from .tuning import ConfigRecord, dot_precision, pipelined_tile_bytes
+from .tuning import ConfigRecord, dot_precision, pipelined_tile_bytes, refuse_record_under_compile
 
 __all__ = [
     "FusedMLP",
@@ -301,6 +309,14 @@ def _forward_gemm_silu(x: Tensor, w1: Tensor, w2: Tensor, record) -> tuple[Tenso
     return a, h
 
 
+def _fused_forward(
+    x: Tensor, w1: Tensor, w2: Tensor, save_preactivation: bool, in_registers: bool, record
+) -> tuple[Tensor, Tensor | None]:
+    """y from the staged or the register forward, and the pre-activation a if it is to be kept."""
+    a = aligned_empty(x.shape[0], w1.shape[0], x) if save_preactivation else None
+    return (_forward_in_registers if in_registers else _forward_staged)(x, w1, w2, a, record), a
+
+
 _SILU_BLOCK = 4096  # values a program of the elementwise SiLU backward takes
 
 
@@ -320,11 +336,12 @@ def _hidden_grads(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, dy: Tenso
     return dh, h
 
 
-def _mlp_backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _mlp_backward(
+    x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, dy: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """dx = da W1, dW1 = daᵀ x, dW2 = dyᵀ h on cuBLAS, from what the forward saved: x, W1, W2 and a
     (or None, to recompute it). dW2 is computed as (hᵀ dy)ᵀ, so the GEMM writes a (D_FF, N_OUT)
     matrix with aligned rows; the gradient is its transposed view."""
-    x, w1, w2, a = ctx.saved_tensors
     dy = dy.contiguous()
     da, h = _hidden_grads(x, w1, w2, a, dy)
     return da @ w1, da.t() @ x, (h.t() @ dy).t()
@@ -338,14 +355,13 @@ class _FusedMLP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, w2, save_preactivation: bool, in_registers: bool, record):
-        a = aligned_empty(x.shape[0], w1.shape[0], x) if save_preactivation else None
-        y = (_forward_in_registers if in_registers else _forward_staged)(x, w1, w2, a, record)
+        y, a = _fused_forward(x, w1, w2, save_preactivation, in_registers, record)
         ctx.save_for_backward(x, w1, w2, a)
         return y
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        return *_mlp_backward(ctx, dy), None, None, None
+        return *_mlp_backward(*ctx.saved_tensors, dy), None, None, None
 
 
 class _GemmSiluThenCublas(torch.autograd.Function):
@@ -359,7 +375,62 @@ class _GemmSiluThenCublas(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        return *_mlp_backward(ctx, dy), None
+        return *_mlp_backward(*ctx.saved_tensors, dy), None
+
+
+# --- custom ops: the same launches, opaque to torch.compile ---------------------------------------
+
+
+@torch.library.custom_op("tritonlab::fused_mlp_forward", mutates_args=())
+def _fused_mlp_forward(
+    x: Tensor, w1: Tensor, w2: Tensor, save_preactivation: bool, in_registers: bool
+) -> tuple[Tensor, Tensor]:
+    """(y, a): a is the pre-activation the backward reads with ``save_preactivation``, else empty."""
+    y, a = _fused_forward(x, w1, w2, save_preactivation, in_registers, None)
+    return y, a if a is not None else x.new_empty(0)
+
+
+@_fused_mlp_forward.register_fake
+def _(x, w1, w2, save_preactivation, in_registers):
+    y = x.new_empty((x.shape[0], w2.shape[0]))
+    return y, aligned_empty(x.shape[0], w1.shape[0], x) if save_preactivation else x.new_empty(0)
+
+
+@torch.library.custom_op("tritonlab::fused_mlp_backward", mutates_args=())
+def _fused_mlp_backward(
+    x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, dy: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _mlp_backward(x, w1, w2, a, dy)
+
+
+@_fused_mlp_backward.register_fake
+def _(x, w1, w2, a, dy):
+    # Dense GEMM outputs whatever the inputs' strides; dW2 the transposed view of a (D_FF, N_OUT) one.
+    return x.new_empty(x.shape), x.new_empty(w1.shape), x.new_empty((w2.shape[1], w2.shape[0])).t()
+
+
+def _setup_context(ctx, inputs, output):
+    x, w1, w2, save_preactivation, _ = inputs
+    _, a = output
+    ctx.mark_non_differentiable(a)
+    ctx.set_materialize_grads(False)  # no zero-filled gradient for a
+    ctx.save_for_backward(x, w1, w2, a if save_preactivation else None)
+
+
+def _backward_formula(ctx, dy, _grad_a):
+    return *_fused_mlp_backward(*ctx.saved_tensors, dy), None, None
+
+
+_fused_mlp_forward.register_autograd(_backward_formula, setup_context=_setup_context)
+
+
+def _fused_mlp(x, w1, w2, save_preactivation: bool, in_registers: bool, record, name: str) -> Tensor:
+    """``_FusedMLP`` on checked, padded inputs -- or, while torch.compile traces, the custom op."""
+    if torch.compiler.is_compiling():
+        refuse_record_under_compile(record, name)
+        return _fused_mlp_forward(x, w1, w2, save_preactivation, in_registers)[0]
+    # Eager: the autograd function directly, without the custom op dispatcher's host time per call.
+    return _FusedMLP.apply(x, w1, w2, save_preactivation, in_registers, record)
 
 
 # --- public functions -----------------------------------------------------------------------------
@@ -394,10 +465,10 @@ def fused_mlp(
     hidden layer in L2. By default nothing is saved beyond the inputs and the backward recomputes
     a = x W1ᵀ: 3.5× less memory kept for the backward, for one more GEMM there;
     ``save_preactivation=True`` keeps a (T·D_FF values) instead. ``record`` receives the tiles the
-    forward's autotuner picked.
+    forward's autotuner picked (eager calls only, not under torch.compile).
     """
     x2, w1, w2 = _check_mlp_inputs(x, w1, w2)
-    y = _FusedMLP.apply(x2, *pad_hidden(w1, w2), save_preactivation, False, record)
+    y = _fused_mlp(x2, *pad_hidden(w1, w2), save_preactivation, False, record, "fused_mlp")
     return y.reshape(*x.shape[:-1], w2.shape[0])
 
 
@@ -407,7 +478,7 @@ def fused_mlp_in_registers(
     """The same MLP with the register-resident one-kernel forward (the hidden layer never leaves the
     registers); saves nothing, as ``fused_mlp``. Slower than ``fused_mlp`` at d_model 512."""
     x2, w1, w2 = _check_mlp_inputs(x, w1, w2)
-    y = _FusedMLP.apply(x2, *pad_hidden(w1, w2), False, True, record)
+    y = _fused_mlp(x2, *pad_hidden(w1, w2), False, True, record, "fused_mlp_in_registers")
     return y.reshape(*x.shape[:-1], w2.shape[0])
 
 

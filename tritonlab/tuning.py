@@ -9,7 +9,8 @@ an explicit record of the config each launch picked.
 - ``quiet_compile_failures`` turns a config the compiler cannot build, while tuning, into one
   warning line instead of Triton's dump of the whole PTX.
 - ``ConfigRecord`` keeps the config a kernel's launch picked, per kernel, for whoever asked for it
-  (a benchmark row); nothing is kept in module globals.
+  (a benchmark row); nothing is kept in module globals. Under ``torch.compile`` the kernels run
+  inside custom ops, which a record cannot reach: ``refuse_record_under_compile``.
 """
 
 import contextlib
@@ -73,6 +74,20 @@ class ConfigRecord:
 
     def note(self, kernel: str, config) -> None:
         self.picked[kernel] = config if isinstance(config, str) else describe_config(config)
+
+
+def refuse_record_under_compile(record: ConfigRecord | None, function: str) -> None:
+    """On a public function's torch.compile route: a ``ValueError`` if its caller passed a record.
+
+    Traced, the public functions run their kernels inside ``torch.library`` custom ops, whose
+    arguments are tensors and numbers: a record cannot travel with them, and dropping it silently
+    would leave the caller an empty record. (With ``fullgraph=True`` Dynamo reports the error as an
+    "Observed exception" that quotes this message.)"""
+    if record is not None:
+        raise ValueError(
+            f"record: {function} cannot fill a ConfigRecord under torch.compile (its kernels run inside "
+            "a custom op); call it eagerly to learn the configs"
+        )
 
 
 @contextlib.contextmanager

@@ -1,11 +1,14 @@
 """Checks the kernel tests of tritonlab.mlp, tritonlab.grouped_gemm and tritonlab.gmm share, as fixtures:
-a kernel under autocast, and a kernel plugged into the TransformerNP in place of its eager component."""
+a kernel under autocast, a kernel plugged into the TransformerNP in place of its eager component,
+and (the attention's tests too) a public function under torch.compile and the custom ops it becomes."""
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tritonlab.models import Components, TNPConfig, TransformerNP, sample_tasks
-from tritonlab.testing import rel_err
+from tritonlab.testing import output_and_grads, rel_err
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -42,6 +45,47 @@ def _plugs_into_the_model(slot, kernel, n_layers):
     assert rel_err(kernel_loss, eager_loss) < 1e-5
     for g_kernel, g_eager in zip(kernel_grads, eager_grads, strict=True):
         assert rel_err(g_kernel, g_eager) < 1e-4
+
+
+def _compiled_matches_eager(fn, inputs, grad_out, tol: float, backend: str = "aot_eager"):
+    """``torch.compile(fn, fullgraph=True, backend=backend)`` traces fn into one graph (a break would
+    raise) in which our kernels are ``tritonlab::`` custom ops, and gives eager fn's output and input
+    gradients within ``tol`` (``rel_err``), shapes and dtypes alike, on fresh leaves with the inputs'
+    layouts. Returns the compiled function, for checks against a reference."""
+    torch._dynamo.reset()  # no graphs of an earlier test in the cache, no recompile limit reached
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(fn, fullgraph=True, backend=counter)
+    got = output_and_grads(compiled, inputs, grad_out)
+    want = output_and_grads(fn, inputs, grad_out)
+    assert counter.frame_count == 1 and "torch.ops.tritonlab." in counter.graphs[0].code
+    for name, g, w in zip(["output", *range(len(inputs))], got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        assert rel_err(g, w) <= tol, (name, rel_err(g, w))
+    return compiled
+
+
+def _custom_op_checks(op, *args) -> None:
+    """``torch.library.opcheck`` of ``op`` on ``args`` (its schema, autograd registration, fake
+    implementation and AOT dispatch), and every output of the fake implementation has the real
+    output's shape, dtype and strides -- opcheck leaves the strides of a custom op's outputs
+    unchecked, and Inductor lays out what reads them by the fake's."""
+    torch.library.opcheck(op, args)
+    real = op(*args)
+    with FakeTensorMode() as mode:
+        fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    real, fake = ((r,) if isinstance(r, torch.Tensor) else r for r in (real, fake))
+    layouts = [[(t.shape, t.dtype, t.stride()) for t in outputs] for outputs in (fake, real)]
+    assert layouts[0] == layouts[1], layouts
+
+
+@pytest.fixture
+def compiled_matches_eager():
+    return _compiled_matches_eager
+
+
+@pytest.fixture
+def custom_op_checks():
+    return _custom_op_checks
 
 
 @pytest.fixture

@@ -21,6 +21,14 @@ The tile functions ``_dkdv_tile``, ``_dq_row_block`` and the chunk plumbing are 
 fused backward (``fused.py``). The FlashAttention-2 backward (``flash2.py``) computes the same two
 passes for 3-D causal inputs; its loops stay separate because the causal diagonal splits them into
 masked and unmasked ranges whose bounds differ per tile, which these loops do not have.
+
+**torch.compile.** Dynamo cannot trace the launches (autotuners, direct launches of cached
+binaries, Triton's allocator), so while it traces, ``attention`` calls the custom op
+``tritonlab::attention_forward`` -- (o, lse), with a fake implementation giving their shapes and
+strides -- whose registered autograd formula calls ``tritonlab::attention_backward``: opaque nodes
+in the graph, running the same host code and kernels as the eager route. Eager calls keep the
+plain autograd function, which skips the custom-op dispatcher's host time per call (it shows next
+to 0.1 ms kernels). ``record`` cannot cross a custom op: passing one while compiling is an error.
 """
 
 import torch
@@ -29,7 +37,7 @@ import triton.language as tl
 
 from .._launch import LaunchCache, autotune_for_launch, signature_key
 from .._runtime import INTERPRET
-from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures
+from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures, refuse_record_under_compile
 from ._common import (
     LOG2E,
     backward_delta,
@@ -43,7 +51,7 @@ from ._common import (
     strides4,
     tuning_bench,
 )
-from .forward import _checked_forward
+from .forward import _checked_forward, _forward_outputs
 
 _SM_TARGET = 264  # programs to aim for: two waves of an H100's 132 SMs
 _CHUNK_ALIGN = 128  # query chunks are whole multiples of every BLOCK_M in the search spaces
@@ -392,7 +400,8 @@ def _partial_strides(partials: torch.Tensor) -> tuple:
 
 
 def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
-    """dQ, dK, dV from the saved forward (o, lse) and the output gradient ``do``."""
+    """dQ and (dK, dV) stacked in one (2, B, H, Lk, D) tensor, from the saved forward (o, lse) and
+    the output gradient ``do``."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     qk_scale = scale * LOG2E
@@ -440,28 +449,88 @@ def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord |
     if record is not None:
         record.note("dkdv", config_string(dkdv_config, _INTERPRETER_CONFIG))
         record.note("dq", config_string(dq_config, _INTERPRETER_CONFIG))
-    return dq, grads[0], grads[1]
+    return dq, grads
 
 
 class _AttentionFunction(torch.autograd.Function):
     """The forward of ``forward.py``, saving q, k, v, o and lse; the backward is the ``backward_fn``
-    passed to ``apply`` -- the two-pass backward here or the fused one, which take and return the
-    same tensors."""
+    passed to ``apply`` -- the two-pass backward here or the fused one, which take the same tensors
+    and both return dQ and the stacked (dK, dV). q, k, v and the scale come checked."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, backward_fn, record):
-        check_qkv(q, k, v, ndim=4)
-        ctx.scale = softmax_scale(q.shape[-1], scale)
-        ctx.backward_fn, ctx.record = backward_fn, record
-        o, lse = _checked_forward(q, k, v, ctx.scale, record=record)
+        ctx.scale, ctx.backward_fn, ctx.record = scale, backward_fn, record
+        o, lse = _checked_forward(q, k, v, scale, record=record)
         ctx.save_for_backward(q, k, v, o, lse)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.backward_fn(q, k, v, o, lse, do, ctx.scale, ctx.record)
-        return dq, dk, dv, None, None, None
+        dq, dkv = ctx.backward_fn(q, k, v, o, lse, do, ctx.scale, ctx.record)
+        return dq, dkv[0], dkv[1], None, None, None
+
+
+# --- custom ops: the same launches, opaque to torch.compile ----------------------------------------
+
+
+def _attention_ops(name: str, backward_fn):
+    """Register ``tritonlab::{name}_forward`` -> (o, lse) and ``tritonlab::{name}_backward`` ->
+    (dQ, stacked dK and dV) running ``backward_fn``, joined by an autograd formula; returns the
+    forward op. The backward's dK and dV share one buffer, so they leave the op as one tensor (a
+    custom op's outputs may not alias one another) and are split by the formula."""
+
+    @torch.library.custom_op(f"tritonlab::{name}_forward", mutates_args=())
+    def forward_op(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _checked_forward(q, k, v, scale)
+
+    @forward_op.register_fake
+    def _(q, k, v, scale):
+        return _forward_outputs(q)
+
+    @torch.library.custom_op(f"tritonlab::{name}_backward", mutates_args=())
+    def backward_op(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        return backward_fn(q, k, v, o, lse, do, scale)
+
+    @backward_op.register_fake
+    def _(q, k, v, o, lse, do, scale):
+        return _like_q_layout(q), _key_grad_buffers(k, n_chunks=1)[0]
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, scale = inputs
+        o, lse = output
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for lse
+        ctx.scale = scale
+        ctx.save_for_backward(q, k, v, o, lse)
+
+    def backward(ctx, do, _grad_lse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dkv = backward_op(q, k, v, o, lse, do, ctx.scale)
+        return dq, dkv[0], dkv[1], None
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+    return forward_op
+
+
+_ATTENTION_FORWARD = _attention_ops("attention", _two_pass_backward)
+
+
+def _attend(q, k, v, scale, record, backward_fn, forward_op, name: str) -> torch.Tensor:
+    """Check the inputs, then run ``_AttentionFunction`` with ``backward_fn`` -- or, while
+    torch.compile traces, ``forward_op``, the custom op registered with that same backward."""
+    check_qkv(q, k, v, ndim=4)
+    scale = softmax_scale(q.shape[-1], scale)
+    if torch.compiler.is_compiling():
+        refuse_record_under_compile(record, name)
+        return forward_op(q, k, v, scale)[0]
+    # Eager: the autograd function directly, without the custom op dispatcher's host time per call.
+    return _AttentionFunction.apply(q, k, v, scale, backward_fn, record)
 
 
 # Public signature as fused_attention's (attention_forward's adds impl): only what runs differs.
@@ -476,8 +545,8 @@ def attention(
     """Differentiable rectangular attention, softmax(scale · q kᵀ) v, with the deterministic two-pass
     backward. Inputs as ``attention_forward``'s; dQ, dK, dV come back in the layout of the model's
     (B, L, H·D) projections (free reshapes). ``record`` receives the configs of the forward and the
-    backward's launches ("forward", "dkdv", "dq")."""
-    return _AttentionFunction.apply(q, k, v, scale, _two_pass_backward, record)
+    backward's launches ("forward", "dkdv", "dq"); it cannot be passed under torch.compile."""
+    return _attend(q, k, v, scale, record, _two_pass_backward, _ATTENTION_FORWARD, "attention")
 
 
 __all__ = ["attention"]

@@ -20,6 +20,10 @@ costs more than it saves. Both also run in the interpreter.
 After the first call of a signature (shapes, strides, dtypes, alignment of q, k, v) the autotuned
 binary is launched directly (``tritonlab._launch``): the autotuner's and Triton's per-call binding
 of 35 arguments is host time that is most of a call at the small shape.
+
+**torch.compile.** The differentiable ``attention`` and ``fused_attention`` run this forward inside
+the custom ops ``tritonlab::attention_forward`` and ``tritonlab::fused_attention_forward`` when
+traced (``backward.py``); ``attention_forward`` itself, which has no backward, stays eager-only.
 """
 
 import torch
@@ -231,11 +235,18 @@ def _tune(tensors: tuple, impl: str) -> tuple:
 _LAUNCHES = LaunchCache(_tune)
 
 
+def _forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty o (B, H, Lq, D), a view of a (B, Lq, H, D) buffer, and lse (B, H, Lq) float32: what the
+    forward writes, and what the custom ops' fake implementations return (backward.py)."""
+    B, H, Lq, D = q.shape
+    o = torch.empty((B, Lq, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
+    return o, torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
+
+
 def _checked_forward(q, k, v, scale: float, impl: str = "auto", record: ConfigRecord | None = None):
     """``attention_forward`` for callers that have already checked q, k, v and the scale."""
     B, H, Lq, D = q.shape
-    o = torch.empty((B, Lq, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
-    lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
+    o, lse = _forward_outputs(q)
     tensors = (q, k, v, o, lse, scale * LOG2E)
     use_descriptor_scratch()
     precision = dot_precision(q.dtype)

@@ -24,6 +24,11 @@ autotuner. The tile maths is the two-pass backward's (``_dkdv_tile``, ``_dq_row_
 
 Configs the compiler spills registers for are pruned before tuning (``_drop_spilling``): each
 candidate is compiled for the call's arguments and its report read.
+
+**torch.compile.** As ``attention`` (``backward.py``): while Dynamo traces, ``fused_attention`` calls
+the custom op ``tritonlab::fused_attention_forward``, whose autograd formula calls
+``tritonlab::fused_attention_backward`` (this module's launch); eager calls keep the autograd
+function. ``record`` cannot be passed while compiling.
 """
 
 import torch
@@ -36,7 +41,8 @@ from .._runtime import INTERPRET
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures
 from ._common import LOG2E, config_string, fits, load_rows, row_delta, shape_bucket, strides4, tuning_bench
 from .backward import (
-    _AttentionFunction,
+    _attend,
+    _attention_ops,
     _dkdv_tile,
     _dq_row_block,
     _key_grad_buffers,
@@ -275,7 +281,8 @@ _LAUNCHES = LaunchCache(_tune)
 
 
 def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
-    """dQ, dK, dV in one launch (plus the chunk reduction when the query rows are split)."""
+    """dQ and the stacked (dK, dV), as ``_two_pass_backward``'s, in one launch (plus the chunk
+    reduction when the query rows are split)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     q_chunk = _plan_query_chunks(Lq, Lk, B * H)
@@ -300,10 +307,14 @@ def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | No
         for key in ("n_regs", "n_spills"):
             if key in report:
                 record.note(key, str(report[key]))
-    return dq, grads[0], grads[1]
+    return dq, grads
 
 
-# attention()'s public signature (backward.py): only the backward passed to _AttentionFunction differs.
+# The custom ops torch.compile sees: backward.py's forward op with this module's backward.
+_FUSED_ATTENTION_FORWARD = _attention_ops("fused_attention", _fused_backward)
+
+
+# attention()'s public signature (backward.py): only the backward (and its custom ops) differ.
 def fused_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -314,8 +325,9 @@ def fused_attention(
 ) -> torch.Tensor:
     """Differentiable rectangular attention, softmax(scale · q kᵀ) v, with the one-launch fused
     backward. Inputs as ``attention_forward``'s. ``record`` receives the configs of the forward
-    ("forward") and of the backward ("fused", with the compiler's "n_regs" and "n_spills")."""
-    return _AttentionFunction.apply(q, k, v, scale, _fused_backward, record)
+    ("forward") and of the backward ("fused", with the compiler's "n_regs" and "n_spills"); it cannot
+    be passed under torch.compile."""
+    return _attend(q, k, v, scale, record, _fused_backward, _FUSED_ATTENTION_FORWARD, "fused_attention")
 
 
 __all__ = ["fused_attention"]

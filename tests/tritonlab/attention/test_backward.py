@@ -1,6 +1,6 @@
 """attention (two-pass backward) and fused_attention (one-launch backward): outputs and gradients
-against autograd through float64 attention, determinism, the model with them plugged in; on the GPU
-bf16 and float32 at the model's shapes."""
+against autograd through float64 attention, determinism, the model with them plugged in, torch.compile
+through their custom ops; on the GPU bf16 and float32 at the model's shapes, and Inductor in bf16."""
 
 import pytest
 import torch
@@ -166,6 +166,45 @@ def test_plugged_into_the_model_matches_sdpa(name):
     assert errors["loss"] < 1e-5 and errors["grads"] < 1e-4, errors
 
 
+# --- torch.compile: the custom ops --------------------------------------------------------------
+
+
+def _reference(q, k, v):
+    return reference_attention(q, k, v)[0]
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_compiled_matches_eager_and_float64(name, compiled_matches_eager):
+    # Odd lengths, the model's strided views; the same kernels run eager and compiled.
+    q, k, v = strided_inputs(2, 3, 21, 13, 16, torch.float32)
+    do = torch.randn_like(q)
+    compiled = compiled_matches_eager(FUNCTIONS[name], (q, k, v), do, 1e-6)
+    check_against_float64(compiled, _reference, (q, k, v), do, 1e-5, ("o", "dq", "dk", "dv"))
+
+
+@pytest.mark.parametrize("prefix", ["attention", "fused_attention"])
+def test_custom_ops_fake_matches_real(prefix, custom_op_checks):
+    q, k, v = strided_inputs(2, 2, 19, 7, 16, torch.float32)
+    forward = getattr(torch.ops.tritonlab, f"{prefix}_forward")
+    custom_op_checks(forward, *(t.detach().requires_grad_() for t in (q, k, v)), 0.3)
+    o, lse = forward(q, k, v, 0.3)
+    backward = getattr(torch.ops.tritonlab, f"{prefix}_backward")
+    custom_op_checks(backward, q, k, v, o, lse, torch.randn_like(o), 0.3)
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_a_record_is_refused_under_compile(name):
+    q, k, v = strided_inputs(1, 1, 5, 3, 16, torch.float32)
+    record = ConfigRecord()
+    compiled = torch.compile(
+        lambda *qkv: FUNCTIONS[name](*qkv, record=record), fullgraph=True, backend="eager"
+    )
+    # A ValueError, which Dynamo (fullgraph=True) re-raises as an "Observed exception" quoting it.
+    message = f"record: {FUNCTIONS[name].__name__} cannot fill a ConfigRecord under torch.compile"
+    with pytest.raises(Exception, match=message):
+        compiled(q, k, v)
+
+
 class _Compiled:
     def __init__(self, n_spills):
         self.n_spills = n_spills
@@ -238,6 +277,17 @@ def test_fused_kernel_does_not_spill():
 def test_plugged_into_the_model_matches_sdpa_bf16_on_gpu(name):
     errors = model_gradient_errors(FUNCTIONS[name], dtype="bf16")
     assert errors["loss"] < 2e-2 and errors["grads"] < 5e-2, errors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_inductor_bf16_matches_eager_and_float64_on_gpu(name, compiled_matches_eager):
+    # The small shape's geometry (B = 8 tasks of M = 64 context and 500 targets, H = 8, D = 64).
+    B, H, Lq, Lk, D = 8, 8, 564, 64, 64
+    q, k, v = strided_inputs(B, H, Lq, Lk, D, torch.bfloat16)
+    compiled = compiled_matches_eager(FUNCTIONS[name], (q, k, v), torch.randn_like(q), 1e-3, "inductor")
+    errors = gradient_errors(compiled, B, H, Lq, Lk, D, torch.bfloat16)
+    assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
 
 
 @pytest.mark.gpu

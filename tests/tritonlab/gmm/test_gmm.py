@@ -1,5 +1,5 @@
-"""tritonlab.gmm against a float64 reference: values, gradients, extremes, the model, bad input, and
-float32 on the GPU."""
+"""tritonlab.gmm against a float64 reference: values, gradients, extremes, the model, bad input,
+torch.compile through the custom ops, and float32 and Inductor in bf16 on the GPU."""
 
 import math
 
@@ -122,6 +122,39 @@ def test_bad_input_raises(params, y, message):
         params, y = params.to(DEVICE), y.to(DEVICE)
     with pytest.raises(ValueError, match=message):
         gmm_nll(params, y)
+
+
+# -- torch.compile: the custom ops -----------------------------------------------------------------
+
+
+def _compiled_loss_and_grads(compiled_matches_eager, params, y, tol, backend="aot_eager"):
+    """The compiled loss and its gradients (checked against eager), and the float64 reference's."""
+    compiled = compiled_matches_eager(gmm_nll, (params, y), torch.tensor(0.7, device=DEVICE), tol, backend)
+    return loss_and_grads(compiled, params, y), loss_and_grads(reference_nll, params.double(), y.double())
+
+
+def test_compiled_matches_eager_and_float64(compiled_matches_eager):
+    # A strided params view (its .contiguous() is traced) with K = 5, y as (T, 1), T = 53.
+    params, y = torch.randn(53, 5, 4, device=DEVICE)[..., :3], torch.randn(53, 1, device=DEVICE)
+    got, ref = _compiled_loss_and_grads(compiled_matches_eager, params, y, 1e-6)
+    for g, r in zip(got, ref, strict=True):
+        assert rel(g, r) < 1e-5
+
+
+def test_custom_ops_fake_matches_real(custom_op_checks):
+    params, y = random_inputs(37, torch.float32)
+    custom_op_checks(torch.ops.tritonlab.gmm_nll_forward, params.clone().requires_grad_(), y.requires_grad_())
+    grad_loss = torch.tensor(0.7, device=DEVICE)
+    custom_op_checks(torch.ops.tritonlab.gmm_nll_backward, params, y.detach(), grad_loss)
+
+
+@pytest.mark.gpu
+def test_gpu_inductor_bf16_matches_eager_and_float64(compiled_matches_eager):
+    params, y = random_inputs(32_000, torch.bfloat16, scale=3.0)
+    (loss, d_params, _), (ref_loss, ref_d_params, _) = _compiled_loss_and_grads(
+        compiled_matches_eager, params, y, 1e-3, "inductor"
+    )
+    assert rel(loss, ref_loss) < 1e-5 and rel(d_params, ref_d_params) < 1e-2
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
-"""tritonlab.grouped_gemm against a float64 reference: values, gradients, the model, bad input, and
-float32 on the GPU."""
+"""tritonlab.grouped_gemm against a float64 reference: values, gradients, the model, bad input,
+torch.compile through the custom ops, and float32 and Inductor in bf16 on the GPU."""
 
 import pytest
 import torch
@@ -101,12 +101,50 @@ def test_bad_input_raises(args, message):
         gmm_heads(*args)
 
 
+# -- torch.compile: the custom ops -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("save", [False, True])
+def test_compiled_matches_eager_and_float64(save, compiled_matches_eager):
+    # 3 heads of d_hidden = 40, padded to 48 around the op (traced, as the weights' casts).
+    inputs, grad_out = random_heads(13, 3, 32, 40, torch.float32)
+    fn = lambda z, w1, w2: gmm_heads(z, w1, w2, save_preactivation=save)  # noqa: E731
+    check(compiled_matches_eager(fn, inputs, grad_out, 1e-6), inputs, grad_out, 1e-5)
+
+
+@pytest.mark.parametrize("save", [False, True])
+def test_custom_ops_fake_matches_real(save, custom_op_checks):
+    # The ops take padded weights (d_hidden a multiple of 16); the upstream gradient strided.
+    (z, w1, w2), _ = random_heads(13, 3, 32, 48, torch.float32)
+    dout = torch.randn(3, 3, 13, device=DEVICE).permute(2, 0, 1)
+    leaves = [t.clone().requires_grad_() for t in (z, w1, w2)]
+    custom_op_checks(torch.ops.tritonlab.gmm_heads_forward, *leaves, save)
+    _, a = torch.ops.tritonlab.gmm_heads_forward(z, w1, w2, save)
+    custom_op_checks(torch.ops.tritonlab.gmm_heads_backward, z, w1, w2, a if save else None, dout)
+
+
+def test_a_record_is_refused_under_compile():
+    (z, w1, w2), _ = random_heads(5, 2, 32, 40, torch.float32)
+    record = ConfigRecord()
+    compiled = torch.compile(lambda *zw: gmm_heads(*zw, record=record), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="record: gmm_heads cannot fill a ConfigRecord under torch.compile"):
+        compiled(z, w1, w2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 37, 1001])
 @pytest.mark.parametrize("save", [False, True])
 def test_gpu_bf16_real_shapes_match_float64(T, save):
     inputs, grad_out = random_heads(T, 10, 512, 1365, torch.bfloat16)
     check(lambda z, w1, w2: gmm_heads(z, w1, w2, save_preactivation=save), inputs, grad_out, 1.5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("save", [False, True])
+def test_gpu_inductor_bf16_matches_eager_and_float64(save, compiled_matches_eager):
+    inputs, grad_out = random_heads(1001, 10, 512, 1365, torch.bfloat16)
+    fn = lambda z, w1, w2: gmm_heads(z, w1, w2, save_preactivation=save)  # noqa: E731
+    check(compiled_matches_eager(fn, inputs, grad_out, 1e-3, "inductor"), inputs, grad_out, 1.5e-2)
 
 
 # The heads run on the B·N target rows: 4 000 at the TransformerNP's mid shape, 32 000 at small.

@@ -1,5 +1,6 @@
 """tritonlab.mlp against a float64 reference: values, gradients, views, autocast, the model, bad input,
-the config spaces' pruning by shared memory, and float32 on the GPU."""
+torch.compile through the custom ops, the config spaces' pruning by shared memory, and float32 and
+Inductor in bf16 on the GPU."""
 
 import pytest
 import torch
@@ -155,6 +156,43 @@ def test_bad_input_raises(args, message):
         fused_mlp(*args)
 
 
+# -- torch.compile: the custom ops -----------------------------------------------------------------
+
+COMPILED = ["fused", "fused-recompute", "fused-registers"]  # the variants with a custom op
+
+
+@pytest.mark.parametrize("variant", COMPILED)
+def test_compiled_matches_eager_and_float64(variant, compiled_matches_eager):
+    # (B, L, d) activations and d_ff = 40, padded to 48: the reshapes, the padding and its gradient's
+    # slicing are traced around the op.
+    x = torch.randn(2, 9, 32, device=DEVICE)
+    w1 = torch.randn(40, 32, device=DEVICE) / 32**0.5
+    w2 = torch.randn(24, 40, device=DEVICE) / 40**0.5
+    grad_out = torch.randn(2, 9, 24, device=DEVICE)
+    compiled = compiled_matches_eager(VARIANTS[variant], (x, w1, w2), grad_out, 1e-6)
+    check(compiled, (x, w1, w2), grad_out, 1e-5)
+
+
+@pytest.mark.parametrize(("save", "in_registers"), [(False, False), (True, False), (False, True)])
+def test_custom_ops_fake_matches_real(save, in_registers, custom_op_checks):
+    # The ops take padded weights (D_FF a multiple of 16); W2 transposed, dy strided.
+    (x, w1, w2), dy = random_mlp(13, 32, 48, 24, torch.float32)
+    w2 = w2.t().contiguous().t()
+    dy = torch.randn(24, 13, device=DEVICE).t()
+    leaves = [t.clone().requires_grad_() for t in (x, w1)] + [w2.detach().requires_grad_()]
+    custom_op_checks(torch.ops.tritonlab.fused_mlp_forward, *leaves, save, in_registers)
+    _, a = torch.ops.tritonlab.fused_mlp_forward(x, w1, w2, save, in_registers)
+    custom_op_checks(torch.ops.tritonlab.fused_mlp_backward, x, w1, w2, a if save else None, dy)
+
+
+def test_a_record_is_refused_under_compile():
+    (x, w1, w2), _ = random_mlp(5, 32, 40, 32, torch.float32)
+    record = ConfigRecord()
+    compiled = torch.compile(lambda *xw: fused_mlp(*xw, record=record), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="record: fused_mlp cannot fill a ConfigRecord under torch.compile"):
+        compiled(x, w1, w2)
+
+
 # -- the config spaces fit the GPU's shared memory -----------------------------------------------------
 
 
@@ -226,6 +264,14 @@ def test_gpu_fp16_staged_forward_matches_float64(T):
     # within fp16's tolerance too.
     inputs, grad_out = random_mlp(T, 512, 1365, 512, torch.float16)
     check(fused_mlp, inputs, grad_out, 5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", COMPILED)
+def test_gpu_inductor_bf16_matches_eager_and_float64(variant, compiled_matches_eager):
+    inputs, grad_out = random_mlp(1001, 512, 1365, 512, torch.bfloat16)
+    compiled = compiled_matches_eager(VARIANTS[variant], inputs, grad_out, 1e-3, "inductor")
+    check(compiled, inputs, grad_out, 1.5e-2)
 
 
 MID_TOKENS = 4 * (10_000 + 1_000)  # the MLP's tokens at the TransformerNP's mid shape

@@ -1,11 +1,18 @@
-"""tritonlab.models: the GMM loss, the rectangular attention, the model's shapes and gradients, training."""
+"""tritonlab.models: the GMM loss, the rectangular attention, the model's shapes and gradients, training,
+and the model with our kernels under torch.compile (fullgraph) against eager."""
 
 import math
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
+from tritonlab import attention as attn
 from tritonlab import models as baseline
+from tritonlab.gmm import gmm_nll
+from tritonlab.grouped_gemm import gmm_heads
+from tritonlab.mlp import fused_mlp
+from tritonlab.testing import rel_err
 
 TINY = baseline.TNPConfig(n_layers=2, n_heads=2, head_dim=16, d_ff=48, n_components=3, d_head_hidden=24)
 
@@ -92,6 +99,56 @@ def test_data_is_reproducible_and_shaped():
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert a.xc.shape == (2, 9, 1) and a.yt.shape == (2, 5, 1)
     assert a.yc.std() > 0.1  # real functions, not zeros
+
+
+def our_components(attention: str) -> baseline.Components:
+    """The model's four components as our kernels, as phase 12's custom variants build them."""
+    fn = {"separate": attn.attention, "fused": attn.fused_attention}[attention]
+    return baseline.Components(attention=fn, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
+
+
+def compiled_and_eager_loss(cfg, components, tasks, backend: str, dtype=None) -> list:
+    """(loss, {name: gradient}) of one step from the same weights: eager, then
+    ``torch.compile(model.loss, fullgraph=True)`` -- one graph, with no break."""
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        model, _ = baseline.build(cfg, components, seed=0, device=tasks.xc.device)
+        counter = CompileCounterWithBackend(backend)
+        loss_fn = torch.compile(model.loss, fullgraph=True, backend=counter) if compiled else model.loss
+        with baseline.autocast(dtype):
+            loss = loss_fn(*tasks)
+        loss.backward()
+        assert counter.frame_count == int(compiled)
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    return results
+
+
+@pytest.mark.parametrize("attention", ["separate", "fused"])
+def test_compiled_model_with_our_kernels_matches_eager(attention):
+    (eager_loss, eager_grads), (loss, grads) = compiled_and_eager_loss(
+        TINY, our_components(attention), make_tasks(), "aot_eager"
+    )
+    assert rel_err(loss, eager_loss) < 1e-5
+    for name, g in grads.items():
+        assert rel_err(g, eager_grads[name]) < 1e-4, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["separate", "fused"])
+def test_inductor_bf16_model_with_our_kernels_matches_eager_on_gpu(attention):
+    # The spec's dims with 2 layers, at the small shape (B = 64 tasks of M = 64, N = 500), bf16 autocast.
+    small = baseline.resolve_shape("small")
+    tasks = baseline.sample_tasks(
+        small.batch, small.m_context, small.n_target, device="cuda",
+        generator=torch.Generator("cuda").manual_seed(0),
+    )  # fmt: skip
+    (eager_loss, eager_grads), (loss, grads) = compiled_and_eager_loss(
+        baseline.TNPConfig(n_layers=2), our_components(attention), tasks, "inductor", torch.bfloat16
+    )
+    assert rel_err(loss, eager_loss) < 2e-2
+    for name, g in grads.items():
+        assert rel_err(g, eager_grads[name]) < 5e-2, name
 
 
 def test_loss_decreases_when_training():
