@@ -122,6 +122,7 @@ def _chunked_pass(
             torch.addmm(bias, x_c, w_t, out=z)
         else:
             torch.mm(x_c, w_t, out=z)
+        # cross_entropy's own kernel over this chunk's logits (a launch like rms_norm's only in shape).
         _cross_entropy_fwd_kernel[(persistent_programs(stop - start, settings.programs_per_sm),)](
             z,
             target[start:stop],
@@ -341,6 +342,7 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, so
         raise ValueError(f"chunk_rows: expected None or an int >= 1, got {chunk_rows!r}")
 
 
+# Options named and ordered as cross_entropy's (and torch's F.cross_entropy): one vocabulary to learn.
 def fused_linear_cross_entropy(
     x: torch.Tensor,
     weight: torch.Tensor,
