@@ -38,8 +38,9 @@ CPU_SIZES = ("tiny",)
 CPU_CONTEXTS = (32,)
 CPU_MAX_CONTEXT = 64
 WARMUP_STEPS = (0, 1, 2, 5)
-# The eager baselines of `ours`: the course's naive attention, and PyTorch's SDPA.
-OURS_VARIANTS = ("eager-naive", "eager-sdpa", "ours")
+# The eager baselines of `ours`: the course's naive attention, and PyTorch's SDPA; "+flce" puts the
+# fused linear cross-entropy head (no full logits) on a variant.
+OURS_VARIANTS = ("eager-naive", "eager-sdpa", "ours", "ours+flce")
 # Loss and gradient agreement of `ours` with PyTorch's components (relative, over the whole tensor).
 CHECK_TOL = {"fp32": (1e-4, 1e-3), "bf16": (2e-2, 6e-2)}
 
@@ -50,16 +51,19 @@ def autocast(dtype: str):
 
 
 def components_for(variant: str) -> LMComponents:
-    if variant == "ours":
-        return our_components()
-    return torch_components(variant.removeprefix("eager-"))
+    """``ours``, ``eager-<attention>``, either with ``+flce``: the fused linear cross-entropy head."""
+    base, fused = variant.removesuffix("+flce"), variant.endswith("+flce")
+    head = "fused" if fused else "logits"
+    if base == "ours":
+        return our_components(head=head)
+    return torch_components(base.removeprefix("eager-"), head=head)
 
 
 @dataclass
 class Plan:
     """One timed cell."""
 
-    variant: str  # the components: eager-naive, eager-sdpa or ours
+    variant: str  # the components: eager-naive, eager-sdpa, ours; +flce for the fused head
     size: str
     context: int
     mode: str

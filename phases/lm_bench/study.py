@@ -18,7 +18,7 @@ from common import DEVICE, ON_GPU, measure_peak_memory
 from common.report import reports_dir
 from common.results import ResultWriter, failure_row
 from common.timing import nvtx_range
-from tritonlab.models import LM_SIZES, TransformerLM, lm_config, param_count, random_batch
+from tritonlab.models import HEADS, LM_SIZES, TransformerLM, lm_config, param_count, random_batch
 
 from .bench import Plan, autocast, components_for, make_step, step_row, sync, time_steps
 
@@ -268,14 +268,16 @@ def residual_derivation(size: str, context: int, dtype: str, batch: int) -> list
     return [row]
 
 
-def peak_one(size, context, mode, dtype, batch) -> list[dict]:
+def peak_one(size, context, mode, dtype, batch, head="logits") -> list[dict]:
     """Peak allocated bytes of one step (model, optimizer state and activations included) after a
-    warm-up step; on the CPU a "skipped" row."""
+    warm-up step, with the output layer and the loss apart (``head`` "logits") or fused
+    ("fused": no full logits); on the CPU a "skipped" row."""
     if not ON_GPU:
         return [{"table": "peak", "status": "skipped", "error": f"peak memory: {CPU_SKIP}"}]
+    variant = "eager-naive" + ("+flce" if head == "fused" else "")
     with measure_peak_memory() as mem:
-        model = _build(size, context)
-        step = make_step(model, Plan("eager-naive", size, context, mode, dtype, batch, 1, 1))
+        model = _build(size, context, variant)
+        step = make_step(model, Plan(variant, size, context, mode, dtype, batch, 1, 1))
         step()
         step()
     return [{"table": "peak", "peak_mem_gb": mem.peak_gb, "peak_mem_gib": mem.peak_bytes / 2**30}]
@@ -368,7 +370,8 @@ def draw_timeline(snapshot: dict, path: Path, title: str) -> int:
 
 def memory_jobs(sizes, contexts, modes, dtypes, *, batch, snapshot_context) -> Iterator[Job]:
     """Per size and dtype: the residual-stream derivation (first context), the snapshots of each mode
-    at ``snapshot_context``, then the peak of each context x mode."""
+    at ``snapshot_context``, then the peak of each context x mode, with the output layer and the loss
+    apart and fused (what the fused linear cross-entropy saves)."""
     for dtype in dtypes:
         for size in sizes:
             key = _key("memory", "derivation", size, contexts[0], "forward", dtype, batch)
@@ -378,8 +381,9 @@ def memory_jobs(sizes, contexts, modes, dtypes, *, batch, snapshot_context) -> I
                 yield Job(key, lambda a=(size, snapshot_context, mode, dtype): snapshot_one(*a, batch))
             for context in contexts:
                 for mode in modes:
-                    key = _key("memory", "peak", size, context, mode, dtype, batch)
-                    yield Job(key, lambda a=(size, context, mode, dtype): peak_one(*a, batch))
+                    for head in HEADS:
+                        key = _key("memory", "peak", size, context, mode, dtype, batch, head=head)
+                        yield Job(key, lambda a=(size, context, mode, dtype, batch, head): peak_one(*a))
 
 
 # --- compile ---------------------------------------------------------------------------------------

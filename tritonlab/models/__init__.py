@@ -13,11 +13,13 @@ our_components())``, five sizes and a tiny one in :data:`LM_SIZES`, PyTorch or T
 
 from .data import Tasks, sample_tasks
 from .lm import (
+    HEADS,
     LM_ATTENTIONS,
     LM_SIZES,
     LMComponents,
     LMConfig,
     TransformerLM,
+    fused_head_loss,
     lm_config,
     our_components,
     param_count,
@@ -42,6 +44,7 @@ from .training import DTYPES, autocast, build, check_dtype, train_loss_curve, tr
 __all__ = [
     "CHECKPOINT_MODES",
     "DTYPES",
+    "HEADS",
     "LM_ATTENTIONS",
     "LM_SIZES",
     "SDPA_BACKENDS",
@@ -58,6 +61,7 @@ __all__ = [
     "build",
     "check_checkpoint",
     "check_dtype",
+    "fused_head_loss",
     "gmm_heads_loop",
     "gmm_nll",
     "lm_config",

@@ -16,6 +16,11 @@ SwiGLU, RoPE and cross-entropy::
     cfg = lm_config("small", context_length=512)
     model = TransformerLM(cfg, our_components())          # or torch_components("sdpa")
     loss = model.loss(tokens, targets)                    # tokens, targets (B, T) int64
+
+The head is swappable too: with ``head="fused"`` (either components function) the loss is
+``tritonlab.ops.fused_linear_cross_entropy`` of the final hidden states and the output layer's
+weight, so the (B·T, V) logits are never materialised (:func:`fused_head_loss`); ``model(tokens)``
+still returns logits.
 """
 
 import math
@@ -218,6 +223,23 @@ def _cross_entropy_triton(logits: Tensor, targets: Tensor) -> Tensor:
     return cross_entropy(logits, targets)
 
 
+def fused_head_loss(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """The mean cross-entropy of ``hidden (N, d) @ weight (V, d)ᵀ`` against ``targets (N,)`` by
+    ``tritonlab.ops.fused_linear_cross_entropy``: the logits exist one chunk of tokens at a time.
+
+    That op does not follow autocast (its GEMMs run in its inputs' dtype), so under autocast both
+    operands are cast to the autocast dtype here, as ``nn.Linear`` would have them: the matmuls run
+    in bf16 like the logits path's, and the float32 weight receives its gradient through the cast.
+    """
+    from tritonlab.ops import fused_linear_cross_entropy
+
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    return fused_linear_cross_entropy(hidden, weight, targets)
+
+
 LM_ATTENTIONS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
     "naive": naive_causal_attention,
     "naive-ranges": naive_causal_attention_ranged,
@@ -235,24 +257,38 @@ class LMComponents:
     swiglu: Callable[[Tensor, Tensor], Tensor] = swiglu_eager
     rope: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] = rope_eager
     loss: Callable[[Tensor, Tensor], Tensor] = field(default=cross_entropy_eager)
+    # (hidden (N, d), output weight (V, d), targets (N,)) -> mean loss; when set, the loss replaces
+    # the output layer and ``loss`` together, and no full logits are made.
+    head_loss: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
 
 
-def torch_components(attention: str = "naive") -> LMComponents:
-    """PyTorch's components, with ``attention`` one of "naive" and "sdpa" (or "flash2")."""
+HEADS = ("logits", "fused")
+
+
+def _head_loss(head: str):
+    if head not in HEADS:
+        raise ValueError(f"head: unknown {head!r}; expected one of {', '.join(HEADS)}")
+    return fused_head_loss if head == "fused" else None
+
+
+def torch_components(attention: str = "naive", head: str = "logits") -> LMComponents:
+    """PyTorch's components, with ``attention`` one of "naive" and "sdpa" (or "flash2"); ``head``
+    "fused" takes the loss through :func:`fused_head_loss` instead of logits + cross-entropy."""
     if attention not in LM_ATTENTIONS:
         raise ValueError(f"attention: unknown {attention!r}; expected one of {', '.join(LM_ATTENTIONS)}")
-    return LMComponents(attention=LM_ATTENTIONS[attention])
+    return LMComponents(attention=LM_ATTENTIONS[attention], head_loss=_head_loss(head))
 
 
-def our_components() -> LMComponents:
+def our_components(head: str = "logits") -> LMComponents:
     """Every part on the library's Triton kernels: FlashAttention-2 (causal), RMSNorm, SwiGLU, RoPE,
-    cross-entropy."""
+    cross-entropy; ``head`` "fused" fuses the output layer into the loss (:func:`fused_head_loss`)."""
     return LMComponents(
         attention=flash_causal_attention,
         norm=_rms_norm_triton,
         swiglu=_swiglu_triton,
         rope=_rope_triton,
         loss=_cross_entropy_triton,
+        head_loss=_head_loss(head),
     )
 
 
@@ -349,18 +385,27 @@ class TransformerLM(nn.Module):
                 f"of {self.cfg.context_length}"
             )
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def hidden(self, tokens: Tensor) -> Tensor:
+        """The final RMSNorm's output (B, T, d_model): what the output layer multiplies."""
         self.check_tokens(tokens)
         x = self.token_embeddings(tokens)
         for layer in self.layers:
             x = layer(x, self.rope_cos, self.rope_sin)
-        return self.lm_head(self.ln_final(x))
+        return self.ln_final(x)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.lm_head(self.hidden(tokens))
 
     def loss(self, tokens: Tensor, targets: Tensor) -> Tensor:
         self.check_tokens(targets, "targets")
         if targets.shape != tokens.shape:
             raise ValueError(
                 f"targets: shape {tuple(targets.shape)} must match tokens' {tuple(tokens.shape)}"
+            )
+        if self.components.head_loss is not None:
+            h = self.hidden(tokens)
+            return self.components.head_loss(
+                h.reshape(-1, h.shape[-1]), self.lm_head.weight, targets.reshape(-1)
             )
         logits = self(tokens)
         return self.components.loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -377,6 +422,7 @@ def random_batch(
 
 
 __all__ = [
+    "HEADS",
     "LM_ATTENTIONS",
     "LM_SIZES",
     "VOCAB_SIZE",
@@ -385,6 +431,7 @@ __all__ = [
     "TransformerLM",
     "cross_entropy_eager",
     "flash_causal_attention",
+    "fused_head_loss",
     "lm_config",
     "naive_causal_attention",
     "naive_causal_attention_ranged",

@@ -188,9 +188,9 @@ def test_memory_on_the_cpu_checks_the_derivation_and_skips_the_rest():
     assert int(der[0]["derived_bytes"]) == 4 * 16 * 64 * 4 == int(der[0]["measured_bytes"])
     assert der[0]["tensor_shape"] == "4x16x64" and der[0]["tensor_dtype"] == "float32"
     skipped = [r for r in rows if r["variant"] != "derivation"]
-    assert [(r["variant"], r["context"], r["mode"]) for r in skipped] == [
-        ("snapshot", "16", "forward"), ("snapshot", "16", "train"), ("peak", "16", "forward"),
-        ("peak", "16", "train"), ("peak", "32", "forward"), ("peak", "32", "train"),
+    assert [(r["variant"], r["context"], r["mode"], r.get("head", "")) for r in skipped] == [
+        ("snapshot", "16", "forward", ""), ("snapshot", "16", "train", ""),
+        *[("peak", c, m, h) for c in ("16", "32") for m in ("forward", "train") for h in ("logits", "fused")],
     ]  # fmt: skip
     assert all(r["status"] == "skipped" and "no CUDA GPU" in r["error"] for r in skipped)
 
@@ -263,7 +263,18 @@ def _gpu_rows() -> pd.DataFrame:
     add("memory", "snapshot", "2.7B", 128, "train", "bf16", table="snapshot", snapshot="lm_bench_memory/x.pickle",
         timeline_png="figures/x.png", trace_peak_gib=60.0)  # fmt: skip
     for context, gb in ((128, 55.0), (256, 58.0)):
-        add("memory", "peak", "2.7B", context, "train", "bf16", table="peak", peak_mem_gb=gb)
+        add("memory", "peak", "2.7B", context, "train", "bf16", table="peak", peak_mem_gb=gb, head="logits")
+        add(
+            "memory",
+            "peak",
+            "2.7B",
+            context,
+            "train",
+            "bf16",
+            table="peak",
+            peak_mem_gb=gb - 1.5,
+            head="fused",
+        )
     add("memory", "peak", "2.7B", 1024, "train", "fp32", table="peak", status="oom")
     for variant, ms in (("eager", 30.0), ("compiled", 20.0)):
         add("compile", variant, "small", 512, "train", "bf16", ms, first_call_ms=ms * 100)
@@ -272,6 +283,7 @@ def _gpu_rows() -> pd.DataFrame:
         add("ours", "eager-naive", "medium", context, "train", "bf16", naive)
         add("ours", "eager-sdpa", "medium", context, "train", "bf16", sdpa)
         add("ours", "ours", "medium", context, "train", "bf16", ours)
+        add("ours", "ours+flce", "medium", context, "train", "bf16", ours - 5)
     return pd.DataFrame(rows)
 
 
@@ -298,6 +310,9 @@ def test_the_report_renders_and_gives_the_issues_verdict(tmp_path):
     assert "softmax takes 1.50× the matmuls' time for 0.003× their FLOPs" in text
     assert "takes 60% of kernel time" in text and "![2.7B ctx 128 train bf16](figures/x.png)" in text
     assert "2.7B train bf16: 55.00 GB at context 128, 58.00 GB at 256" in text
+    assert "train bf16, fused head (GB)" in text
+    assert "context 256: the fused linear cross-entropy head peaks at 56.50 GB against 58.00 GB" in text
+    assert "ours+flce speedup vs best eager" in text
     assert "train: torch.compile gives 1.50× to 1.50× over eager" in text
     assert "fp32 against bf16 autocast" in text and "oom" in text and "speedup vs best eager" in text
     assert (tmp_path / "figures" / "lm_bench_warmup_std.png").exists()

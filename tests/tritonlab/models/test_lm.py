@@ -77,6 +77,35 @@ def test_our_components_match_pytorchs_in_fp32():
         assert rel_err(got, ref) < 1e-4
 
 
+@pytest.mark.parametrize("components", [torch_components, our_components], ids=["torch", "ours"])
+def test_fused_head_gives_the_logits_heads_loss_and_gradients(components):
+    cfg = lm_config("tiny", 32)
+    tokens, targets = random_batch(cfg, 2, 19, device=DEVICE, generator=torch.Generator().manual_seed(2))
+    ref_loss, ref_grads = _loss_and_grads(components(), tokens, targets, cfg)
+    loss, grads = _loss_and_grads(components(head="fused"), tokens, targets, cfg)
+    assert loss.dtype == ref_loss.dtype and rel_err(loss, ref_loss) < 1e-5
+    for got, ref in zip(grads, ref_grads, strict=True):
+        assert rel_err(got, ref) < 1e-4
+
+
+def test_fused_head_follows_autocast():
+    """Under autocast the fused head multiplies in the autocast dtype, as the output layer would, and
+    the float32 weight still gets a float32 gradient."""
+    from tritonlab.models import fused_head_loss
+
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(13, 16, generator=g).to(DEVICE)
+    weight = torch.randn(37, 16, generator=g).to(DEVICE).requires_grad_()
+    targets = torch.randint(0, 37, (13,), generator=g).to(DEVICE)
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16
+    with torch.autocast(DEVICE.type, dtype=dtype):
+        loss = fused_head_loss(hidden, weight, targets)
+    ref = torch.nn.functional.cross_entropy((hidden.to(dtype) @ weight.to(dtype).T).double(), targets)
+    assert loss.dtype == torch.float32 and rel_err(loss, ref) < 1e-2
+    loss.backward()
+    assert weight.grad.dtype == torch.float32 and torch.isfinite(weight.grad).all()
+
+
 def test_flash_attention_pads_a_head_dim_the_kernels_do_not_take():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 20, 10, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
@@ -113,6 +142,7 @@ def test_rope_eager_matches_the_kernel():
         (lambda: LMConfig(d_model=100, d_ff=400, n_layers=2, n_heads=3), "n_heads"),
         (lambda: LMConfig(d_model=64, d_ff=0, n_layers=2, n_heads=4), "d_ff"),
         (lambda: torch_components("flash3"), "attention"),
+        (lambda: our_components(head="chunked"), "head"),
     ],
 )
 def test_bad_configuration_names_the_argument(make, name):
