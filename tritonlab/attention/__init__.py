@@ -3,6 +3,7 @@
     o, lse = attention_forward(q, k, v)          # q (B, H, Lq, D) over k, v (B, H, Lk, D), no mask
     o = attention(q, k, v)                       # differentiable; deterministic two-pass backward
     o = fused_attention(q, k, v)                 # differentiable; one-launch fused backward
+    o = fp8_attention(q, k, v)                   # e4m3 forward (Hopper), bf16 backward; fp8.py
     o = FlashAttentionTriton.apply(q, k, v, is_causal)    # q (B, Nq, D); causal or not
     o = FlashAttentionPyTorch.apply(q, k, v, is_causal)   # the same algorithm in plain PyTorch
 
@@ -34,6 +35,7 @@ from .backward import attention
 from .flash2 import FlashAttentionTriton, TileConfig
 from .flash_pytorch import FlashAttentionPyTorch
 from .forward import IMPLS, attention_forward
+from .fp8 import fp8_attention, fp8_attention_forward, supports_fp8
 from .fused import fused_attention
 from .reference import attention_flops, causal_mask, naive_attention, reference_attention
 
@@ -47,7 +49,10 @@ __all__ = [
     "attention_flops",
     "attention_forward",
     "causal_mask",
+    "fp8_attention",
+    "fp8_attention_forward",
     "fused_attention",
     "naive_attention",
     "reference_attention",
+    "supports_fp8",
 ]

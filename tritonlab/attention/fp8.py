@@ -1,0 +1,448 @@
+"""FP8 (e4m3) rectangular attention for Hopper: Q, K, V quantised per block, fp32 accumulation.
+
+    o = softmax(scale · q kᵀ) v,   lse = logsumexp(scale · q kᵀ)   (natural log, per query row)
+
+for q (B, H, Lq, D) over k, v (B, H, Lk, D), bf16 or fp16, D in 64 or 128, no mask; ``o`` in q's
+dtype, ``lse`` float32 -- the contract of ``forward.attention_forward``, computed from e4m3 values:
+
+* K and V, per block of ``KV_BLOCK`` = 128 keys of one (batch, head): ``s_k = amax|K_blk| / 448``
+  and ``K8 = e4m3(K_blk / s_k)`` (448 is e4m3's largest finite value; an all-zero block gets
+  s = 1), likewise V. One launch (``_quantize_kv_kernel``) reads K and V once, in any strides, and
+  writes K8 as (B·H, Lk', D) and V8 *transposed*, (B·H, D, Lk'), with Lk' = Lk rounded up to
+  KV_BLOCK and the padding zero; the scales are fp32 (B·H, Lk'/KV_BLOCK). Vᵀ makes the P·V
+  product's B operand key-major, the layout Hopper's fp8 ``wgmma`` takes from shared memory.
+* Q, per block of BLOCK_M query rows, inside the forward: each program loads its bf16 Q tile once,
+  takes its amax and converts it to e4m3 in registers (``s_q``); no extra launch or memory pass.
+* S = s_q · s_k · (Q8 K8ᵀ), one fp8 dot per tile with fp32 accumulation; the tile's two scales and
+  scale·log2(e) fold into one scalar per tile, so the online softmax (running max ``m``, running sum
+  ``l``, base 2, as ``_common.online_softmax_tile``) costs what the bf16 one does.
+* P = exp2(S' − m_new) ∈ (0, 1] is quantised as ``P8 = e4m3(448 · P)`` and multiplied with V8 in a
+  second fp8 dot. The largest P of a tile is exactly 1 when the tile holds the running maximum --
+  for *every* key whose score ties it (all-equal scores: P = 1 for all keys), and 448 · 1 = 448 is
+  representable, so ties cost nothing and cannot overflow. Where rounding of the fused
+  multiply-subtract gives P a hair above 1, the conversion saturates at 448 instead of becoming
+  NaN (Hopper's ``cvt.rn.satfinite``; the exact rounding below clamps). ``l`` sums the unquantised
+  P, so each row's weights are those of the fp32 softmax up to P8's rounding.
+* The V scale varies per key block, so it cannot leave the sum over keys at the end: the
+  accumulator is kept in units of the current tile's ``s_v``, and moving to a tile with another
+  scale multiplies the per-row rescale factor α = exp2(m_old − m_new) by s_v,old / s_v,new -- a
+  scalar folded into a multiply the online softmax does anyway. At the end
+  ``o = acc · s_v,last / (448 · l)`` and ``lse = (m + log2 l) · ln 2``.
+
+Hopper's fp8 tensor cores run at about twice the bf16 rate; what the kernel still pays in full is
+the exponentials (one per score, as in bf16) and the amax/convert of each Q tile.
+
+**Accuracy.** e4m3 keeps 3 mantissa bits (relative rounding ≤ 2⁻⁴): the scores carry the rounding
+of Q and K, the output that of P and V, and these do not average out (O shrinks with the keys as
+its error does). Against a float64 reference, unit-variance inputs give a relative Frobenius error
+of O of 4–6% in the interpreter's exact emulation (bf16: ~0.3%), and lse within 0.07; the tests
+hold the kernel to ``ERROR_BOUND`` and ``LSE_BOUND``. The backward is the bf16 two-pass backward of
+``backward.py``, recomputing P from the bf16 inputs and this forward's lse.
+
+**Where it runs.** FP8 needs compute capability ≥ 8.9 (``supports_fp8``). Elsewhere -- an A100, the
+CPU -- ``fp8_attention`` and ``fp8_attention_forward`` run the bf16 kernels of ``forward.py`` and
+``backward.py`` instead and log once, at warning level, which path they took; ``force_fp8=True``
+makes that an error. The kernels themselves also run in Triton's interpreter (``_fp8_forward``,
+what the CPU tests and phase 05's CPU run call): its fp8 dots are right, but its fp32 → e4m3 cast
+drops the carry when rounding crosses a power of two, so there every conversion first rounds
+exactly (``EXACT_CAST``, ``tritonlab.ops.fp8._round_to_e4m3``) and the cast then only stores the
+bits; on the GPU the hardware conversion rounds the same way in one instruction.
+"""
+
+import functools
+import logging
+
+import torch
+import triton
+import triton.language as tl
+
+from .._launch import LaunchCache, autotune_for_launch, signature_key, use_descriptor_scratch
+from .._runtime import INTERPRET
+from ..ops.fp8 import FP8_DTYPE, FP8_MAX, _round_to_e4m3
+from ..tuning import ConfigRecord, quiet_compile_failures
+from ._common import (
+    LOG2E,
+    check_qkv,
+    config_string,
+    fits,
+    load_rows,
+    shape_bucket,
+    smallest,
+    softmax_scale,
+    strides4,
+    tuning_bench,
+)
+from .backward import _two_pass_backward
+from .backward import attention as _bf16_attention
+from .forward import _checked_forward, _forward_outputs
+
+logger = logging.getLogger("tritonlab")
+
+FP8_HEAD_DIMS = (64, 128)  # fp8 wgmma reduces over 32 elements: D = 16 or 32 is not worth a path
+FP8_INPUT_DTYPES = (torch.bfloat16, torch.float16)
+KV_BLOCK = 128  # keys per K and V scale; every BLOCK_N divides it, so a K/V tile has one scale
+MIN_CAPABILITY = (8, 9)
+_E4M3_MAX = tl.constexpr(FP8_MAX)  # 448, as the kernels see it
+# What the tests hold the FP8 forward to against float64, for inputs of unit variance: the relative
+# Frobenius error of O (measured: 4-6%; e4m3 rounds P and V by up to 2**-4 each) and the largest
+# absolute error of lse (measured: up to 0.07, from the rounding of Q and K).
+ERROR_BOUND = 0.08
+LSE_BOUND = 0.15
+
+
+# --- quantisation of one tile ------------------------------------------------------------------
+
+
+@triton.jit
+def _to_e4m3(x, EXACT_CAST: tl.constexpr):
+    """fp32 ``x`` (|x| ≤ 448 up to rounding) to e4m3, round to nearest even, saturating at ±448."""
+    if EXACT_CAST:  # the interpreter: its own cast mis-rounds (see the module docstring)
+        return _round_to_e4m3(tl.clamp(x, -_E4M3_MAX, _E4M3_MAX)).to(tl.float8e4nv)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def _quantize_tile(x, EXACT_CAST: tl.constexpr):
+    """A whole tile to e4m3 with one fp32 scale amax/448 (1 for an all-zero tile): (x8, scale)."""
+    x = x.to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(x), 1), 0)
+    scale = tl.where(amax > 0.0, amax / _E4M3_MAX, 1.0)
+    return _to_e4m3(x * (1.0 / scale), EXACT_CAST), scale
+
+
+# --- 1. K and V to e4m3, per block of KV_BLOCK keys; V written transposed -------------------------
+
+
+@triton.jit
+def _quantize_kv_kernel(
+    K, V, K8, V8T, KS, VS,
+    stride_kb, stride_kh, stride_kl, stride_kd,
+    stride_vb, stride_vh, stride_vl, stride_vd,
+    H, Lk, Lk_pad, n_blocks,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, EXACT_CAST: tl.constexpr,
+):  # fmt: skip
+    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    bh = pid_bh.to(tl.int64)
+    col = pid_n * BLOCK
+    # Keys past Lk read as zeros, so the padding of K8 and V8ᵀ is zero and the forward loads whole tiles.
+    k = load_rows(K + b * stride_kb + h * stride_kh, stride_kl, stride_kd, col, Lk, BLOCK, HEAD_DIM, True)
+    v = load_rows(V + b * stride_vb + h * stride_vh, stride_vl, stride_vd, col, Lk, BLOCK, HEAD_DIM, True)
+    k8, k_scale = _quantize_tile(k, EXACT_CAST)
+    v8, v_scale = _quantize_tile(v, EXACT_CAST)
+    keys = col + tl.arange(0, BLOCK)
+    dims = tl.arange(0, HEAD_DIM)
+    tl.store(K8 + bh * Lk_pad * HEAD_DIM + keys[:, None] * HEAD_DIM + dims[None, :], k8)
+    tl.store(V8T + bh * HEAD_DIM * Lk_pad + dims[:, None] * Lk_pad + keys[None, :], tl.trans(v8))
+    tl.store(KS + bh * n_blocks + pid_n, k_scale)
+    tl.store(VS + bh * n_blocks + pid_n, v_scale)
+
+
+def _quantize_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(K8 (B·H, Lk', D), K scales (B·H, Lk'/KV_BLOCK), V8ᵀ (B·H, D, Lk'), V scales) for k, v
+    (B, H, Lk, D) in any strides; Lk' is Lk rounded up to KV_BLOCK, the padding zero."""
+    B, H, Lk, D = k.shape
+    n_blocks = triton.cdiv(Lk, KV_BLOCK)
+    lk_pad = n_blocks * KV_BLOCK
+    k8 = torch.empty((B * H, lk_pad, D), dtype=FP8_DTYPE, device=k.device)
+    v8t = torch.empty((B * H, D, lk_pad), dtype=FP8_DTYPE, device=k.device)
+    k_scales = torch.empty((B * H, n_blocks), dtype=torch.float32, device=k.device)
+    v_scales = torch.empty_like(k_scales)
+    _quantize_kv_kernel[(n_blocks, B * H)](
+        k, v, k8, v8t, k_scales, v_scales, *strides4(k), *strides4(v), H, Lk, lk_pad, n_blocks,
+        HEAD_DIM=D, BLOCK=KV_BLOCK, EXACT_CAST=INTERPRET, num_warps=8,
+    )  # fmt: skip
+    return k8, k_scales, v8t, v_scales
+
+
+# --- 2. the forward: Q quantised per program, fp8 dots, online softmax -----------------------------
+
+
+@triton.jit
+def _fp8_softmax_tile(acc, m_i, l_i, v_unit, s, v8, score_scale, v_scale, EXACT_CAST: tl.constexpr):
+    """Fold one tile of raw fp8-product scores ``s`` (-inf where a key does not count) and its V8 tile
+    into (acc, m, l); ``score_scale`` = scale·log2(e)·s_q·s_k, so m and l live in base 2. ``acc`` is
+    in units of ``v_unit`` (the V scale of the tile before), and leaves in units of ``v_scale``."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * score_scale)
+    p = tl.math.exp2(s * score_scale - m_new[:, None])
+    rescale = tl.math.exp2(m_i - m_new)  # what earlier tiles accumulated, under the new maximum
+    l_i = l_i * rescale + tl.sum(p, 1)
+    p8 = _to_e4m3(p * _E4M3_MAX, EXACT_CAST)  # P ≤ 1, so 448·P fits; ties of the max give exactly 448
+    acc = tl.dot(p8, v8, acc * (rescale * (v_unit / v_scale))[:, None])
+    return acc, m_new, l_i, v_scale
+
+
+@triton.jit
+def _fp8_fwd_kernel(
+    Q, K8, V8T, KS, VS, O, LSE, qk_scale,
+    stride_qb, stride_qh, stride_ql, stride_qd,
+    stride_ob, stride_oh, stride_ol, stride_od,
+    H, Lq, Lk, Lk_pad, n_kv_blocks,
+    LQ_BUCKET, LK_BUCKET,  # autotuning keys only
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_BLOCK: tl.constexpr,
+    USE_TMA: tl.constexpr, EXACT_CAST: tl.constexpr,
+):  # fmt: skip
+    # Consecutive programs take consecutive query blocks of one head: they stream the same K8, V8ᵀ.
+    n_m = tl.cdiv(Lq, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_bh, pid_m = pid // n_m, pid % n_m
+    b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    bh = pid_bh.to(tl.int64)
+    row_start = pid_m * BLOCK_M
+    q = load_rows(
+        Q + b * stride_qb + h * stride_qh, stride_ql, stride_qd, row_start, Lq, BLOCK_M, HEAD_DIM, True
+    )
+    q8, q_scale = _quantize_tile(q, EXACT_CAST)
+    row_scale = qk_scale * q_scale
+
+    k_base = K8 + bh * Lk_pad * HEAD_DIM
+    vt_base = V8T + bh * HEAD_DIM * Lk_pad
+    if USE_TMA:  # K8 and V8ᵀ are ours: contiguous, 16-byte aligned rows
+        k_desc = tl.make_tensor_descriptor(k_base, [Lk_pad, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+        vt_desc = tl.make_tensor_descriptor(vt_base, [HEAD_DIM, Lk_pad], [Lk_pad, 1], [HEAD_DIM, BLOCK_N])
+    else:
+        kt_ptr = tl.make_block_ptr(
+            k_base, (HEAD_DIM, Lk_pad), (1, HEAD_DIM), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1)
+        )
+        vt_ptr = tl.make_block_ptr(
+            vt_base, (HEAD_DIM, Lk_pad), (Lk_pad, 1), (0, 0), (HEAD_DIM, BLOCK_N), (1, 0)
+        )
+    scales = bh * n_kv_blocks
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    v_unit = 1.0
+    # Every tile lies inside Lk' (BLOCK_N divides KV_BLOCK), so no load is checked; the loop over full
+    # tiles has no mask, and the tail tile -- if Lk is not a multiple of BLOCK_N -- masks its keys.
+    n_full = Lk // BLOCK_N
+    for j in range(n_full):
+        if USE_TMA:
+            k_t = tl.trans(k_desc.load([j * BLOCK_N, 0]))
+            v8 = tl.trans(vt_desc.load([0, j * BLOCK_N]))
+        else:
+            k_t = tl.load(kt_ptr)
+            v8 = tl.trans(tl.load(vt_ptr))
+            kt_ptr = tl.advance(kt_ptr, (0, BLOCK_N))
+            vt_ptr = tl.advance(vt_ptr, (0, BLOCK_N))
+        block = scales + (j * BLOCK_N) // KV_BLOCK
+        s = tl.dot(q8, k_t)
+        acc, m_i, l_i, v_unit = _fp8_softmax_tile(
+            acc, m_i, l_i, v_unit, s, v8, row_scale * tl.load(KS + block), tl.load(VS + block), EXACT_CAST
+        )
+    if n_full * BLOCK_N < Lk:
+        if USE_TMA:
+            k_t = tl.trans(k_desc.load([n_full * BLOCK_N, 0]))
+            v8 = tl.trans(vt_desc.load([0, n_full * BLOCK_N]))
+        else:
+            k_t = tl.load(kt_ptr)
+            v8 = tl.trans(tl.load(vt_ptr))
+        block = scales + (n_full * BLOCK_N) // KV_BLOCK
+        cols = n_full * BLOCK_N + tl.arange(0, BLOCK_N)
+        s = tl.where((cols < Lk)[None, :], tl.dot(q8, k_t), float("-inf"))
+        acc, m_i, l_i, v_unit = _fp8_softmax_tile(
+            acc, m_i, l_i, v_unit, s, v8, row_scale * tl.load(KS + block), tl.load(VS + block), EXACT_CAST
+        )
+
+    acc = acc * (v_unit / _E4M3_MAX) / l_i[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # base 2 back to natural log
+    rows = row_start + tl.arange(0, BLOCK_M)
+    tl.store(LSE + bh * Lq + rows, lse, mask=rows < Lq)
+    o_ptr = tl.make_block_ptr(
+        O + b * stride_ob + h * stride_oh, (Lq, HEAD_DIM), (stride_ol, stride_od), (row_start, 0),
+        (BLOCK_M, HEAD_DIM), (1, 0),
+    )  # fmt: skip
+    tl.store(o_ptr, acc.to(O.dtype.element_ty), boundary_check=(0,))
+
+
+# --- the launch: autotuning over tiles and loader, then direct launches --------------------------
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, loader, head dims): not timed yet (phase 05's README).
+# The head dims of each are those where ptxas (sm_90a, Triton 3.6) reports no spills: at D = 128 a
+# 128 x 128 tile needs more than 255 registers a thread at 8 warps, and 4 warps spill at 128 rows.
+# One byte per element halves the bf16 kernel's shared memory, so every one of these fits an H100.
+_SEARCH_SPACE = [
+    (128, 128, 8, 3, "tma", (64,)),
+    (128, 128, 8, 2, "tma", (64,)),
+    (128, 128, 8, 4, "tma", (64,)),
+    (128, 64, 8, 3, "tma", (64, 128)),
+    (128, 64, 8, 4, "tma", (64, 128)),
+    (64, 128, 4, 3, "tma", (64,)),
+    (64, 64, 4, 3, "tma", (64, 128)),
+    (128, 128, 8, 3, "blockptr", (64, 128)),
+]
+_HEAD_DIMS_OF = {(bm, bn, w, st, loader == "tma"): dims for bm, bn, w, st, loader, dims in _SEARCH_SPACE}
+_INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32}
+
+
+def _fits(config, head_dim: int) -> bool:
+    """Q8 once, K8 and V8ᵀ tiles per pipeline stage, one byte each."""
+    bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    return fits(1, head_dim, fixed_rows=bm, streamed_rows=2 * bn, stages=config.num_stages)
+
+
+def _key(config) -> tuple:
+    kw = config.kwargs
+    return (kw["BLOCK_M"], kw["BLOCK_N"], config.num_warps, config.num_stages, kw["USE_TMA"])
+
+
+def _prune(configs, named_args, **kwargs):
+    # Configs that do not spill at this head dim and fit the GPU; K tiles no longer than the keys need.
+    lk, d = named_args["Lk"], kwargs.get("HEAD_DIM", 64)
+    usable = [c for c in configs if d in _HEAD_DIMS_OF[_key(c)] and _fits(c, d)]
+    kept = [c for c in usable if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(lk))]
+    return kept or smallest(usable or configs, "BLOCK_M", "BLOCK_N")
+
+
+_fwd_autotuned = triton.autotune(
+    [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": loader == "tma"}, num_warps=w, num_stages=st)
+        for bm, bn, w, st, loader, _ in _SEARCH_SPACE
+    ],
+    key=["LQ_BUCKET", "LK_BUCKET", "HEAD_DIM"],
+    prune_configs_by={"early_config_prune": _prune},
+    do_bench=tuning_bench,
+)(_fp8_fwd_kernel)
+
+
+def _shape_args(q, o, Lk: int, lk_pad: int, n_blocks: int) -> tuple:
+    H, Lq = q.shape[1], q.shape[2]
+    return (*strides4(q), *strides4(o), H, Lq, Lk, lk_pad, n_blocks, shape_bucket(Lq), shape_bucket(Lk))
+
+
+def _tune(tensors: tuple, shape_args: tuple) -> tuple:
+    q = tensors[0]
+    B, H, Lq, D = q.shape
+    meta = {"HEAD_DIM": D, "KV_BLOCK": KV_BLOCK, "EXACT_CAST": False}
+    with quiet_compile_failures("fp8 attention forward"):
+        return autotune_for_launch(
+            tensors, _fwd_autotuned, lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,), shape_args, meta
+        )
+
+
+# Per call signature (q's shape, strides, dtype, alignment; Lk, which the padded K8 does not give):
+# the compiled kernel the autotuner picked.
+_LAUNCHES = LaunchCache(_tune)
+
+
+def _fp8_forward(q, k, v, scale: float, record: ConfigRecord | None = None):
+    """(o, lse) from the FP8 kernels, for checked inputs: the quantisation launch, then the forward.
+    On a GPU with FP8, or in Triton's interpreter (exact rounding, one fixed config)."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    k8, k_scales, v8t, v_scales = _quantize_kv(k, v)
+    o, lse = _forward_outputs(q)
+    tensors = (q, k8, v8t, k_scales, v_scales, o, lse, scale * LOG2E)
+    shape_args = _shape_args(q, o, Lk, k8.shape[1], k_scales.shape[1])
+    use_descriptor_scratch()
+    if not INTERPRET:
+        config = _LAUNCHES.launch((signature_key(q), Lk), tensors, shape_args)
+    else:
+        grid = (triton.cdiv(Lq, _INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
+        _fp8_fwd_kernel[grid](
+            *tensors, *shape_args, HEAD_DIM=D, KV_BLOCK=KV_BLOCK, USE_TMA=True, EXACT_CAST=True,
+            **_INTERPRETER_CONFIG,
+        )  # fmt: skip
+        config = None
+    if record is not None:
+        record.note("forward", config_string(config, _INTERPRETER_CONFIG))
+    return o, lse
+
+
+class _FP8AttentionFunction(torch.autograd.Function):
+    """The FP8 forward, saving the bf16 q, k, v, its o and lse; the backward is the bf16 two-pass
+    backward of ``backward.py`` (P recomputed from the bf16 inputs and this forward's lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, record):
+        ctx.scale, ctx.record = scale, record
+        o, lse = _fp8_forward(q, k, v, scale, record)
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dkv = _two_pass_backward(q, k, v, o, lse, do, ctx.scale, ctx.record)
+        return dq, dkv[0], dkv[1], None, None
+
+
+# --- the public functions ------------------------------------------------------------------------
+
+
+def supports_fp8(device: torch.device | int | None = None) -> bool:
+    """Whether ``device`` (the current CUDA device by default) has FP8 tensor cores (compute
+    capability ≥ 8.9). False in Triton's interpreter and without a GPU."""
+    if INTERPRET or not torch.cuda.is_available():
+        return False
+    if isinstance(device, torch.device):
+        device = device.index
+    return torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
+
+
+@functools.cache
+def _warn_fallback(where: str) -> None:
+    logger.warning("fp8 attention: no FP8 on %s; running the bf16 attention kernels instead", where)
+
+
+def _fp8_or_fallback(q, k, v, scale, force_fp8: bool) -> tuple[float, bool]:
+    """Check the inputs; (the softmax scale, whether the FP8 kernels run)."""
+    check_qkv(q, k, v, ndim=4, dtypes=FP8_INPUT_DTYPES, head_dims=FP8_HEAD_DIMS)
+    scale = softmax_scale(q.shape[-1], scale)
+    if supports_fp8(q.device):
+        return scale, True
+    if INTERPRET:
+        where = "the CPU (Triton's interpreter)"
+    else:
+        where = f"{torch.cuda.get_device_name(q.device)} (compute capability {torch.cuda.get_device_capability(q.device)})"
+    if force_fp8:
+        raise ValueError(f"force_fp8: FP8 attention needs compute capability >= 8.9, and this is {where}")
+    _warn_fallback(where)
+    return scale, False
+
+
+def fp8_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    *,
+    force_fp8: bool = False,
+    record: ConfigRecord | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scale · q kᵀ) v computed in e4m3 with per-block scales, and the natural-log
+    logsumexp of each query row.
+
+    q (B, H, Lq, D); k, v (B, H, Lk, D); D in 64, 128; bf16 or fp16; any strides and lengths ≥ 1.
+    Returns ``o`` (B, H, Lq, D) in q's dtype, a view of a (B, Lq, H, D) buffer, and ``lse`` float32
+    (B, H, Lq). The quantisation of q, k, v is part of the call. Without FP8 (``supports_fp8``) the
+    bf16 kernels run instead, with one warning; ``force_fp8=True`` raises a ``ValueError`` there.
+    ``record`` receives the config of the forward's launch, as "forward".
+    """
+    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8)
+    if use_fp8:
+        return _fp8_forward(q, k, v, scale, record)
+    return _checked_forward(q, k, v, scale, record=record)
+
+
+def fp8_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    *,
+    force_fp8: bool = False,
+    record: ConfigRecord | None = None,
+) -> torch.Tensor:
+    """Differentiable ``fp8_attention_forward``: the FP8 forward, then the bf16 two-pass backward of
+    ``attention`` (dQ, dK, dV in the inputs' dtype, in the layout of the model's projections). Inputs,
+    fallback and ``force_fp8`` as ``fp8_attention_forward``'s; ``record`` receives the configs of
+    the forward and the backward ("forward", "dkdv", "dq"). Eager only: not a torch.compile custom op.
+    """
+    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8)
+    if use_fp8:
+        return _FP8AttentionFunction.apply(q, k, v, scale, record)
+    return _bf16_attention(q, k, v, scale, record=record)
+
+
+__all__ = ["ERROR_BOUND", "FP8_HEAD_DIMS", "fp8_attention", "fp8_attention_forward", "supports_fp8"]
