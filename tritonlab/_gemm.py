@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import tuning
+from . import tuning, tuning_tables
 from ._runtime import INTERPRET
 from .checks import check_offset_range, check_tensor
 
@@ -268,21 +268,35 @@ HIDDEN_KEY = [
 ]
 
 
-def autotuned_forward(tiles):
+# The token count T is bucketed to powers of two in the tables and across calls (a new T in a tuned
+# bucket reuses its pick); the model dims stay exact.
+T_BUCKETS = {"T": tuning_tables.pow2_bucket}
+
+
+def autotuned_forward(tiles, name: str, phase: str):
     """``fused_mlp_fwd_kernel`` behind an autotuner of its own over ``tiles`` (``tile_configs``'
-    tuples), pruned by shared memory."""
-    return triton.autotune(
+    tuples), pruned by shared memory, registered with the config tables as ``name``."""
+    return tuning_tables.autotune(
         tile_configs(tiles),
+        name=name,
+        phase=phase,
         key=FORWARD_KEY,
+        dtype_arg="x_ptr",
+        buckets=T_BUCKETS,
         prune_configs_by={"early_config_prune": shared_memory_pruner(register_forward_smem, "x_ptr")},
     )(fused_mlp_fwd_kernel)
 
 
-def autotuned_hidden(tiles):
-    """``mlp_hidden_kernel`` behind an autotuner of its own over ``tiles``, pruned by shared memory."""
-    return triton.autotune(
+def autotuned_hidden(tiles, name: str, phase: str):
+    """``mlp_hidden_kernel`` behind an autotuner of its own over ``tiles``, pruned by shared memory,
+    registered with the config tables as ``name``."""
+    return tuning_tables.autotune(
         tile_configs(tiles),
+        name=name,
+        phase=phase,
         key=HIDDEN_KEY,
+        dtype_arg="x_ptr",
+        buckets=T_BUCKETS,
         prune_configs_by={"early_config_prune": shared_memory_pruner(hidden_kernel_smem, "x_ptr")},
     )(mlp_hidden_kernel)
 

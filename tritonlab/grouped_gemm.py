@@ -65,8 +65,12 @@ _BWD_TILES = [
 _CPU_FWD_TILES = [(64, _N_OUT_PAD, 256, 256, 4, 1)]
 _CPU_BWD_TILES = [(_BWD_BLOCK_M, _N_OUT_PAD, 256, 256, 4, 1)]
 
-_heads_fwd = autotuned_forward(_CPU_FWD_TILES if INTERPRET else _FWD_TILES)
-_heads_hidden_bwd = autotuned_hidden(_CPU_BWD_TILES if INTERPRET else _BWD_TILES)
+_heads_fwd = autotuned_forward(
+    _CPU_FWD_TILES if INTERPRET else _FWD_TILES, "heads.forward", "07_grouped_gemm"
+)
+_heads_hidden_bwd = autotuned_hidden(
+    _CPU_BWD_TILES if INTERPRET else _BWD_TILES, "heads.hidden_backward", "07_grouped_gemm"
+)
 
 
 def _heads_forward(

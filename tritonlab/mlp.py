@@ -46,6 +46,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm import (
     FORWARD_KEY,
+    T_BUCKETS,
     aligned_empty,
     autotuned_forward,
     autotuned_hidden,
@@ -59,6 +60,7 @@ from ._gemm import (
 from ._launch import tma_ok
 from ._runtime import INTERPRET, sm_count
 from .tuning import ConfigRecord, dot_precision, pipelined_tile_bytes, refuse_record_under_compile
+from .tuning_tables import autotune
 
 __all__ = [
     "FusedMLP",
@@ -228,13 +230,20 @@ def _staged_smem(config: triton.Config, element_size: int) -> int:
 _STAGED_FALLBACK = [] if INTERPRET else _staged_configs(_STAGED_FALLBACK_TILES)
 _STAGED_CONFIGS = _staged_configs(_STAGED_CPU_TILES if INTERPRET else _STAGED_TILES) + _STAGED_FALLBACK
 
-_fused_mlp_staged = triton.autotune(
+_fused_mlp_staged = autotune(
     _STAGED_CONFIGS,
+    name="mlp.staged_forward",
+    phase="06_fused_mlp",
     key=FORWARD_KEY,
+    dtype_arg="y_ptr",
+    buckets=T_BUCKETS,
+    runs_on_sm80=lambda config: False,  # its loads are TMA descriptors: sm_90 only
     prune_configs_by={"early_config_prune": shared_memory_pruner(_staged_smem, "y_ptr", _STAGED_FALLBACK)},
 )(_fused_mlp_staged_kernel)
-_fused_mlp_registers = autotuned_forward(_CPU_TILES if INTERPRET else _REGISTER_TILES)
-_mlp_hidden = autotuned_hidden(_CPU_TILES if INTERPRET else _HIDDEN_TILES)
+_fused_mlp_registers = autotuned_forward(
+    _CPU_TILES if INTERPRET else _REGISTER_TILES, "mlp.register_forward", "06_fused_mlp"
+)
+_mlp_hidden = autotuned_hidden(_CPU_TILES if INTERPRET else _HIDDEN_TILES, "mlp.gemm_silu", "06_fused_mlp")
 
 
 # --- launch wrappers ------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ import triton.language as tl
 from .._launch import LaunchCache, autotune_for_launch, signature_key
 from .._runtime import INTERPRET
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures, refuse_record_under_compile
+from ..tuning_tables import autotune
 from ._common import (
     LOG2E,
     backward_delta,
@@ -327,13 +328,13 @@ def _prune_by(fixed: str, streamed: str):
 
 
 _TUNING_KEY = ["LQ_BUCKET", "LK_BUCKET", "HEAD_DIM"]
-_dkdv_autotuned = triton.autotune(
-    _configs(_DKDV_SPACE), key=_TUNING_KEY, prune_configs_by={"early_config_prune": _prune_by("BLOCK_N", "BLOCK_M")},
-    do_bench=tuning_bench,
+_dkdv_autotuned = autotune(
+    _configs(_DKDV_SPACE), name="attention.dkdv", phase="03_attn_bwd", key=_TUNING_KEY, dtype_arg="Q",
+    prune_configs_by={"early_config_prune": _prune_by("BLOCK_N", "BLOCK_M")}, do_bench=tuning_bench,
 )(_dkdv_kernel)  # fmt: skip
-_dq_autotuned = triton.autotune(
-    _configs(_DQ_SPACE), key=_TUNING_KEY, prune_configs_by={"early_config_prune": _prune_by("BLOCK_M", "BLOCK_N")},
-    do_bench=tuning_bench,
+_dq_autotuned = autotune(
+    _configs(_DQ_SPACE), name="attention.dq", phase="03_attn_bwd", key=_TUNING_KEY, dtype_arg="Q",
+    prune_configs_by={"early_config_prune": _prune_by("BLOCK_M", "BLOCK_N")}, do_bench=tuning_bench,
 )(_dq_kernel)  # fmt: skip
 
 

@@ -33,6 +33,7 @@ import triton.language as tl
 from .._launch import LaunchCache, autotune_for_launch, signature_key, tma_ok, use_descriptor_scratch
 from .._runtime import INTERPRET
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures
+from ..tuning_tables import autotune
 from ._common import (
     LOG2E,
     check_qkv,
@@ -185,7 +186,7 @@ def _prune(configs, named_args, **kwargs):
     return kept or smallest([c for c in loaders if _fits(c, elem, d)] or loaders, "BLOCK_M", "BLOCK_N")
 
 
-_fwd_autotuned = triton.autotune(
+_fwd_autotuned = autotune(
     [
         triton.Config(
             {
@@ -200,7 +201,11 @@ _fwd_autotuned = triton.autotune(
         )
         for bm, bn, w, st, loader in _SEARCH_SPACE
     ],
+    name="attention.forward",
+    phase="02_attn_fwd",
     key=["LQ_BUCKET", "LK_BUCKET", "HEAD_DIM", "IMPL_CHOICE"],
+    dtype_arg="Q",
+    runs_on_sm80=lambda config: not config.kwargs["USE_TMA"],  # tensor descriptors need sm_90
     prune_configs_by={"early_config_prune": _prune},
     do_bench=tuning_bench,
 )(_attn_fwd_kernel)

@@ -39,6 +39,7 @@ from triton.runtime.errors import OutOfResources, PTXASError
 from .._launch import LaunchCache, autotune_for_launch, signature_key
 from .._runtime import INTERPRET
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures
+from ..tuning_tables import autotune
 from ._common import LOG2E, config_string, fits, load_rows, row_delta, shape_bucket, strides4, tuning_bench
 from .backward import (
     _attend,
@@ -219,7 +220,7 @@ def _drop_spilling(configs, compile_for_call):
     return [min(spills, key=spills.get)] if spills else configs[-1:]
 
 
-_fused_autotuned = triton.autotune(
+_fused_autotuned = autotune(
     [
         triton.Config(
             {"BLOCK_M1": m1, "BLOCK_N1": n1, "BLOCK_M2": m2, "BLOCK_N2": n2, "KEYS_WRITE_DQ": kw},
@@ -229,7 +230,10 @@ _fused_autotuned = triton.autotune(
         for m1, n1, m2, n2, w, st, kw in _SEARCH_SPACE
         if (m1, n1, m2, n2, w, st, kw) not in _PTXAS_CRASHES
     ],
+    name="attention.fused_backward",
+    phase="04_fused_attn",
     key=["LQ_BUCKET", "LK_BUCKET", "HEAD_DIM"],
+    dtype_arg="Q",
     prune_configs_by={"early_config_prune": _prune},
     do_bench=tuning_bench,
 )(_fused_bwd_kernel)

@@ -1,0 +1,209 @@
+"""The config tables: lookup order, bucket reuse, the TRITONLAB_AUTOTUNE knob, the file format and
+what happens with a missing, corrupt or stale table. A two-config toy kernel in the interpreter, with
+a fake timer that counts how often the autotuner times a candidate."""
+
+import json
+import logging
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tritonlab import tuning_tables as tt
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@triton.jit
+def _scale_kernel(X, Y, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs, mask=offs < N) * 2.0, mask=offs < N)
+
+
+CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 32}, num_warps=2)]
+
+
+class Toy:
+    """A registered toy kernel on its own Tuner, the device named ``device``, tables in ``tmp``."""
+
+    def __init__(self, tmp, device=H100):
+        self.timed = []
+        self.tuner = tt.Tuner(table_dir=tmp, device_name=lambda t: device)
+
+        def bench(call, quantiles):
+            self.timed.append(call)
+            call()
+            return [1.0 + len(self.timed) % 2, 0.0, 0.0]  # the second candidate (BLOCK=32) wins
+
+        self.kernel = tt.autotune(
+            CONFIGS, name="toy.scale", phase="11_autotune", key=["N"], dtype_arg="X",
+            buckets={"N": tt.pow2_bucket}, tuner=self.tuner, do_bench=bench,
+        )(_scale_kernel)  # fmt: skip
+
+    def __call__(self, n: int) -> torch.Tensor:
+        x = torch.arange(n, dtype=torch.float32)
+        y = torch.empty_like(x)
+        self.kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+        torch.testing.assert_close(y, 2 * x)
+        return self.kernel.best_config
+
+
+def _key(n: int) -> str:
+    return f"N={tt.pow2_bucket(n)}|fp32,fp32"
+
+
+def _write_table(tmp, entries, gpu="h100", dtype="fp32"):
+    table = tt.ConfigTable(gpu, dtype, meta={"device_name": H100})
+    for key, config in entries.items():
+        table.put("toy.scale", key, {"config": tt.config_to_json(config), "status": tt.TIMED, "ms": 1.0})
+    return table.save(tt.table_path(gpu, dtype, tmp))
+
+
+def test_hit_launches_the_table_config_without_timing(tmp_path, monkeypatch):
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
+    _write_table(tmp_path, {_key(100): CONFIGS[0]})
+    toy = Toy(tmp_path)
+    assert toy(100).kwargs == {"BLOCK": 64}
+    assert toy.timed == []
+    assert toy.tuner.tunings == []
+
+
+def test_miss_tunes_once_per_bucket_and_says_so_once(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
+    _write_table(tmp_path, {_key(5000): CONFIGS[0]})  # a table, without this bucket
+    toy = Toy(tmp_path)
+    with caplog.at_level(logging.INFO, logger="tritonlab"):
+        assert toy(100).kwargs == {"BLOCK": 32}
+        assert len(toy.timed) == 2
+        # New lengths (new autotuner keys) in the same bucket: the bucket's pick, no timing.
+        for n in (65, 127, 128):
+            assert toy(n).kwargs == {"BLOCK": 32}
+        assert len(toy.timed) == 2
+        toy(300)  # a new bucket tunes again
+    assert len(toy.timed) == 4
+    misses = [r for r in caplog.records if "no entry" in r.getMessage()]
+    assert len(misses) == 1 and "toy.scale" in misses[0].getMessage()
+    (tuning,) = [t for t in toy.tuner.tunings if t.key == _key(100)]
+    assert (tuning.gpu, tuning.dtype) == ("h100", "fp32")
+    assert sorted(tuning.timings.values()) == [1.0, 2.0]
+
+
+def test_unknown_gpu_tunes_with_one_clear_log_line(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
+    _write_table(tmp_path, {_key(100): CONFIGS[0]})
+    toy = Toy(tmp_path, device="NVIDIA GeForce RTX 9090")
+    with caplog.at_level(logging.WARNING, logger="tritonlab"):
+        assert toy(100).kwargs == {"BLOCK": 32}
+        toy(300)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert "no tuned-config table for nvidia_geforce_rtx_9090/fp32" in lines[0]
+    assert "h100_fp32" in lines[0]  # the tables there are
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("{not json", "not a readable JSON table"),
+        (json.dumps({"schema": 99, "gpu": "h100", "dtype": "fp32", "entries": {}}), "schema 99"),
+        (json.dumps({"schema": 1, "gpu": "h100", "dtype": "fp32"}), "missing field 'entries'"),
+        (
+            json.dumps(
+                {
+                    "schema": 1,
+                    "gpu": "h100",
+                    "dtype": "fp32",
+                    "entries": {"toy.scale": {"k": {"status": "timed"}}},
+                }
+            ),
+            "'config' needs",
+        ),
+    ],
+)
+def test_corrupt_table_is_an_error_naming_the_file_and_ignored_at_launch(
+    tmp_path, monkeypatch, caplog, text, reason
+):
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
+    path = tt.table_path("h100", "fp32", tmp_path)
+    path.write_text(text)
+    with pytest.raises(tt.TableError, match=reason) as info:
+        tt.ConfigTable.load(path)
+    assert str(path) in str(info.value)
+    toy = Toy(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tritonlab"):
+        assert toy(100).kwargs == {"BLOCK": 32}  # tuned, as without a table
+    assert any(str(path) in r.getMessage() and "ignoring" in r.getMessage() for r in caplog.records)
+
+
+def test_stale_entry_is_ignored_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
+    path = _write_table(tmp_path, {_key(100): triton.Config({"BLOCK": 128}, num_warps=8)})
+    toy = Toy(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tritonlab"):
+        assert toy(100).kwargs == {"BLOCK": 32}
+    assert len(toy.timed) == 2
+    assert any("stale" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+
+
+def test_modes(tmp_path, monkeypatch):
+    _write_table(tmp_path, {_key(100): CONFIGS[0]})
+    monkeypatch.setenv(tt.ENV_VAR, "off")
+    toy = Toy(tmp_path)
+    assert toy(100) is CONFIGS[0] and toy.timed == []  # the first config the prune keeps
+    monkeypatch.setenv(tt.ENV_VAR, "full")
+    toy = Toy(tmp_path)
+    assert toy(100).kwargs == {"BLOCK": 32} and len(toy.timed) == 2  # the table is ignored
+    monkeypatch.setenv(tt.ENV_VAR, "FULL ")
+    assert tt.autotune_mode() == "full"
+    monkeypatch.setenv(tt.ENV_VAR, "fast")
+    with pytest.raises(
+        ValueError, match="TRITONLAB_AUTOTUNE: unknown value 'fast'; expected one of off, table, full"
+    ):
+        Toy(tmp_path)(100)
+
+
+def test_table_round_trip_and_entry_checks(tmp_path):
+    path = _write_table(tmp_path, {_key(100): CONFIGS[1]})
+    table = tt.ConfigTable.load(path)
+    assert (table.gpu, table.dtype, table.meta) == ("h100", "fp32", {"device_name": H100})
+    entry = table.entry("toy.scale", _key(100))
+    assert tt.config_id(entry["config"]) == tt.config_id(CONFIGS[1])
+    assert table.entry("toy.scale", _key(1000)) is None
+    with pytest.raises(ValueError, match="'status' must be one of"):
+        table.put("toy.scale", "k", {"config": tt.config_to_json(CONFIGS[0]), "status": "guessed"})
+
+
+def test_names_of_gpus_and_dtypes():
+    assert tt.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert tt.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert tt.gpu_slug("NVIDIA H200") == "h200"
+    assert tt.dtype_name(torch.bfloat16) == "bf16" and tt.dtype_name(torch.float8_e4m3fn) == "fp8"
+    assert [tt.pow2_bucket(n) for n in (1, 37, 64, 65, 11_000)] == [1, 64, 64, 128, 16_384]
+
+
+def test_a_name_registers_once(tmp_path):
+    toy = Toy(tmp_path)
+    with pytest.raises(ValueError, match="registered already"):
+        tt.autotune(CONFIGS, name="toy.scale", phase="x", key=["N"], dtype_arg="X", tuner=toy.tuner)(
+            _scale_kernel
+        )
+    with pytest.raises(ValueError, match="not arguments of the kernel"):
+        tt.autotune(CONFIGS, name="toy.other", phase="x", key=["M"], dtype_arg="X", tuner=toy.tuner)(
+            _scale_kernel
+        )
+
+
+def test_every_library_kernel_is_registered():
+    import tritonlab.attention  # noqa: F401
+    import tritonlab.grouped_gemm  # noqa: F401
+    import tritonlab.mlp  # noqa: F401
+
+    names = set(tt.TUNER.kernels)
+    expected = {
+        "attention.forward", "attention.dkdv", "attention.dq", "attention.fused_backward",
+        "mlp.staged_forward", "mlp.register_forward", "mlp.gemm_silu", "heads.forward", "heads.hidden_backward",
+    }  # fmt: skip
+    assert expected <= names
+    for kernel in tt.TUNER.kernels.values():
+        assert kernel.spec.phase and set(kernel.spec.key) <= set(kernel.arg_names)
