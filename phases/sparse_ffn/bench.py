@@ -1,19 +1,27 @@
 """Phase sparse_ffn's cells. The sliced backward is numerically WRONG for training: a measurement only.
 
-- kernel cells (``part`` = "kernel"): the two dX GEMMs of a BERT FFN layer at T = batch·seq rows,
-  ``intermediate`` (dY (T, 3072) @ W (3072, 768)) and ``output`` (dY (T, 768) @ W (768, 3072)), for
+- kernel cells (``part`` = "kernel"): the two dX GEMMs of the model's FFN layer at T = batch·seq
+  rows, ``intermediate`` (dY (T, FFN) @ W (FFN, H)) and ``output`` (dY (T, H) @ W (H, FFN)), for
   N = fraction·T rows: ``ours`` (``fixed_slice_matmul``: the slice plus the zero rows, one launch),
   ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written) and ``cublas-full`` (on all of
   dY: what the unmodified backward does). Checked against the float32 product of the slice first.
-- model cells (``part`` = "model"): a bert-base- or roberta-base-sized model built from its config
-  with random weights (or ``--weights`` from a local path), random token ids (timing depends on batch
-  and sequence length only), ``original`` and ``sliced`` (``replace_ffn`` with N rows) forward and
-  forward+backward ms; backward = the difference. Forward outputs are checked identical first.
-On the CPU: tiny dims in Triton's interpreter (nothing is measured).
+- model cells (``part`` = "model"): a BERT or RoBERTa sequence classifier (two labels, as the GLUE
+  tasks used here have) fed a GLUE task's rows (``data``), ``original`` and ``sliced``
+  (``replace_ffn`` with N rows) forward and forward+backward ms of the loss; backward = the
+  difference. The forwards are checked identical first.
+- profile rows (``part`` = "profile", ``--profile``): the top operations of one backward of the
+  original model by self time, from ``torch.profiler``: CUDA kernels by CUDA time on a GPU, CPU
+  operators by CPU time on the CPU (``clock`` says which).
+
+Models: a name of :data:`MODELS` is built from its published sizes with random weights; a local
+directory or a name in the Hugging Face cache is read with ``local_files_only`` (its weights are
+used where present). On the CPU every model is its family's tiny config (random weights) in
+Triton's interpreter, where nothing is measured.
 """
 
 import copy
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -22,15 +30,32 @@ from tritonlab.sparse_ffn import fixed_slice_matmul, replace_ffn
 from tritonlab.testing import dtype_name, rel_err
 from tritonlab.tuning import ConfigRecord
 
+from .data import NUM_LABELS, Sample, Tokenizer, encode
+
 # (batch, sequence) per --shape; on the CPU only the tiny one runs.
 SHAPES = {"tiny": (2, 8), "32x128": (32, 128), "32x512": (32, 512), "8x512": (8, 512)}
 GPU_SHAPES = ("32x128", "32x512", "8x512")
+CPU_MAX_ROWS = 128  # batch·seq the interpreter finishes in seconds with the tiny model
 FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0)
-MODELS = ("bert", "roberta")
 PARTS = ("kernel", "model")
 KERNEL_VARIANTS = ("ours", "cublas-slice", "cublas-full")
-HIDDEN, INTERMEDIATE = (768, 3072) if ON_GPU else (32, 48)
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+PROFILE_TOP = 15
+
+_ROBERTA = {"vocab_size": 50265, "max_position_embeddings": 514, "type_vocab_size": 1, "layer_norm_eps": 1e-5}
+_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
+# The built-in names and their published sizes (BertConfig's defaults are bert-base-uncased's).
+MODELS = {
+    "bert-base-uncased": ("bert", {}),
+    "bert-large-uncased": ("bert", _LARGE),
+    "roberta-base": ("roberta", _ROBERTA),
+    "roberta-large": ("roberta", {**_ROBERTA, **_LARGE}),
+}
+# The CPU's model: every family's config shrunk to what the interpreter runs in seconds.
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 48,
+        "max_position_embeddings": CPU_MAX_ROWS + 2}  # fmt: skip
+# RoBERTa's position ids start after its padding id: a sequence takes that many more positions.
+_POSITION_OFFSET = {"bert": 0, "roberta": 2}
 
 
 def device() -> str:
@@ -45,13 +70,91 @@ def n_rows_of(fraction: float, rows: int) -> int:
     return int(round(fraction * rows))
 
 
-def kernel_cells(shapes, fractions, dtype: torch.dtype) -> Iterator[Cell]:
-    for shape in shapes:
-        batch, seq = SHAPES[shape]
+# --- the model ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    family: str  # "bert" or "roberta"
+    config: object  # the transformers config the model is built from (two labels)
+    local: bool  # the config was found locally: the weights are used where they are there too
+    tiny: bool  # the CPU's shrunken config
+
+    @property
+    def max_seq(self) -> int:
+        return self.config.max_position_embeddings - _POSITION_OFFSET[self.family]
+
+
+def resolve_model(name: str, tiny: bool = not ON_GPU) -> ModelSpec:
+    """``name``'s config: a local directory or the Hugging Face cache (never the network), else a
+    built-in name's published sizes. ``tiny``: shrunk to :data:`TINY` (the CPU's)."""
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(name, local_files_only=True)
+        local = True
+    except OSError:
+        if name not in MODELS:
+            raise ValueError(
+                f"--model: {name!r} is neither a local model (a directory or a name in the Hugging Face "
+                f"cache) nor one of {', '.join(MODELS)}"
+            ) from None
+        family, sizes = MODELS[name]
+        config_cls = {"bert": transformers.BertConfig, "roberta": transformers.RobertaConfig}[family]
+        config = config_cls(**sizes)
+        local = False
+    if config.model_type not in _POSITION_OFFSET:
+        raise ValueError(
+            f"--model: {name!r} is a {config.model_type} model; only BERT and RoBERTa FFN layers are replaced"
+        )
+    config.num_labels = NUM_LABELS
+    if tiny:
+        for key, value in TINY.items():
+            setattr(config, key, value)
+    return ModelSpec(name, config.model_type, config, local, tiny)
+
+
+def build_model(spec: ModelSpec, tokenizer: Tokenizer, dtype: torch.dtype):
+    """The sequence classifier of ``spec`` in training mode and ``dtype``, and what its weights are.
+    The tiny model's vocabulary is the tokenizer's; a bigger tokenizer than a model's is refused."""
+    import transformers
+
+    cls = {
+        "bert": transformers.BertForSequenceClassification,
+        "roberta": transformers.RobertaForSequenceClassification,
+    }[spec.family]
+    config = copy.deepcopy(spec.config)
+    if spec.tiny:
+        config.vocab_size = len(tokenizer)
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"--tokenizer: its vocabulary ({len(tokenizer)}) is larger than the model's ({config.vocab_size})"
+        )
+    torch.manual_seed(0)
+    weights = f"random ({'tiny ' if spec.tiny else ''}{spec.family} config)"
+    model = None
+    if spec.local and not spec.tiny:
+        try:
+            model = cls.from_pretrained(spec.name, config=config, local_files_only=True)
+            weights = "pretrained (local; classifier head random where absent)"
+        except OSError:  # a config without weights beside it: random weights, said so in the rows
+            weights = "random (local config, no local weights)"
+    if model is None:
+        model = cls(config)
+    return model.to(device=device(), dtype=dtype).train(), weights
+
+
+# --- cells ----------------------------------------------------------------------------------------
+
+
+def kernel_cells(shapes, fractions, dtype: torch.dtype, hidden: int, intermediate: int) -> Iterator[Cell]:
+    """``shapes``: (label, batch, seq) triples; ``hidden``, ``intermediate``: the model's FFN sizes."""
+    for label, batch, seq in shapes:
         T = batch * seq
         for layer, (K, D) in {
-            "intermediate": (INTERMEDIATE, HIDDEN),
-            "output": (HIDDEN, INTERMEDIATE),
+            "intermediate": (intermediate, hidden),
+            "output": (hidden, intermediate),
         }.items():
             torch.manual_seed(0)
             dy = torch.randn(T, K, device=device(), dtype=dtype)
@@ -60,8 +163,8 @@ def kernel_cells(shapes, fractions, dtype: torch.dtype) -> Iterator[Cell]:
                 n = n_rows_of(fraction, T)
                 for variant in KERNEL_VARIANTS:
                     cols = {"part": "kernel", "layer": layer, "fraction": fraction, "n_rows": n, "rows": T,
-                            "k": K, "d": D}  # fmt: skip
-                    yield Cell(variant, shape, dtype_name(dtype), _kernel_run(variant, dy, w, n), cols)
+                            "batch": batch, "seq": seq, "k": K, "d": D}  # fmt: skip
+                    yield Cell(variant, label, dtype_name(dtype), _kernel_run(variant, dy, w, n), cols)
 
 
 def _kernel_run(variant: str, dy, w, n: int):
@@ -87,61 +190,45 @@ def _kernel_run(variant: str, dy, w, n: int):
     return run
 
 
-def build_model(kind: str, dtype: torch.dtype, weights: str | None):
-    """A bert-base/roberta-base-sized encoder from its config with random weights (tiny on the CPU);
-    ``weights``: a local directory for ``from_pretrained`` (never the network)."""
-    import transformers
-
-    cls = {"bert": transformers.BertModel, "roberta": transformers.RobertaModel}[kind]
-    if weights:
-        model = cls.from_pretrained(weights, local_files_only=True)
-    else:
-        config_cls = {"bert": transformers.BertConfig, "roberta": transformers.RobertaConfig}[kind]
-        sizes = {} if ON_GPU else {"vocab_size": 99, "hidden_size": HIDDEN, "num_hidden_layers": 2,
-                                   "num_attention_heads": 2, "intermediate_size": INTERMEDIATE}  # fmt: skip
-        if kind == "roberta" and not ON_GPU:
-            sizes["max_position_embeddings"] = 64
-        torch.manual_seed(0)
-        model = cls(config_cls(**sizes))
-    return model.to(device=device(), dtype=dtype).train()
-
-
-def model_cells(kind, shapes, fractions, dtype, layers, weights) -> Iterator[Cell]:
-    original = build_model(kind, dtype, weights)
-    for shape in shapes:
-        batch, seq = SHAPES[shape]
-        T = batch * seq
-        g = torch.Generator(device()).manual_seed(0)
-        ids = torch.randint(5, original.config.vocab_size, (batch, seq), generator=g, device=device())
-        grad = torch.randn(batch, seq, original.config.hidden_size, device=device(), dtype=dtype)
-        base = {"part": "model", "model": kind, "rows": T, "batch": batch, "seq": seq,
-                "layers": "all" if layers is None else " ".join(map(str, layers)),
-                "n_layers": original.config.num_hidden_layers if layers is None else len(set(layers))}  # fmt: skip
-        yield Cell("original", shape, dtype_name(dtype), _model_run(original, None, ids, grad),
-                   {**base, "fraction": 1.0, "n_rows": T})  # fmt: skip
-        for fraction in fractions:
-            n = n_rows_of(fraction, T)
-            yield Cell("sliced", shape, dtype_name(dtype), _model_run(original, (n, layers), ids, grad),
-                       {**base, "fraction": fraction, "n_rows": n})  # fmt: skip
+def model_cells(
+    original, about: dict, tokenizer: Tokenizer, samples: list[Sample], shapes, fractions, dtype, layers
+) -> Iterator[Cell]:
+    """``original`` and ``sliced`` cells per task and shape; ``about``: columns naming the model
+    (``model``, ``weights``); ``layers``: the encoder layers to replace (None: all)."""
+    for sample in samples:
+        for label, batch, seq in shapes:
+            T = batch * seq
+            inputs = encode(tokenizer, sample, batch, seq, device())
+            base = {"part": "model", **about, "task": sample.task, "data": sample.data,
+                    "tokenizer": tokenizer.name, "rows": T, "batch": batch, "seq": seq,
+                    "layers": "all" if layers is None else " ".join(map(str, layers)),
+                    "n_layers": original.config.num_hidden_layers if layers is None else len(set(layers))}  # fmt: skip
+            yield Cell("original", label, dtype_name(dtype), _model_run(original, None, inputs),
+                       {**base, "fraction": 1.0, "n_rows": T})  # fmt: skip
+            for fraction in fractions:
+                n = n_rows_of(fraction, T)
+                yield Cell("sliced", label, dtype_name(dtype), _model_run(original, (n, layers), inputs),
+                           {**base, "fraction": fraction, "n_rows": n})  # fmt: skip
 
 
-def _model_run(original, sliced, ids, grad):
+def _model_run(original, sliced, inputs):
     def run() -> dict:
         model = original
         if sliced is not None:
             model = replace_ffn(copy.deepcopy(original), sliced[0], layers=sliced[1])
+            # Dropout off for the comparison: it draws different masks in the two models.
             original.eval(), model.eval()
             with torch.no_grad():
-                same = torch.equal(original(ids).last_hidden_state, model(ids).last_hidden_state)
+                same = torch.equal(original(**inputs).logits, model(**inputs).logits)
             original.train(), model.train()
             assert same, "the replaced model's forward differs from the original's"
 
         def fwd():
-            return model(ids).last_hidden_state
+            return model(**inputs).loss
 
         def fwd_bwd():
             model.zero_grad(set_to_none=True)
-            fwd().backward(grad)
+            fwd().backward()
 
         row = timed(fwd, prefix="fwd_", **bench_kw())
         row.update(timed(fwd_bwd, prefix="fwd_bwd_", **bench_kw()))
@@ -149,3 +236,49 @@ def _model_run(original, sliced, ids, grad):
         return row
 
     return run
+
+
+# --- the profiler table ---------------------------------------------------------------------------
+
+
+def profile_rows(model, inputs: dict, top: int = PROFILE_TOP) -> list[dict]:
+    """The ``top`` operations of one backward of ``model`` on ``inputs`` by self time (after two
+    warm-up steps; the forward runs outside the profiler): CUDA kernels by CUDA time on a GPU, CPU
+    operators by CPU time on the CPU. Columns: ``rank``, ``name``, ``calls``, ``self_ms``, ``share``
+    (of all the listed kind's self time in that backward) and ``clock`` ("cuda" or "cpu")."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        model(**inputs).loss.backward()
+    model.zero_grad(set_to_none=True)
+    loss = model(**inputs).loss
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ON_GPU else [])
+    # One cycle: acc_events changes nothing but torch's warning that events are cleared between cycles.
+    with profile(activities=activities, acc_events=True) as prof:
+        loss.backward()
+        if ON_GPU:
+            torch.cuda.synchronize()
+    model.zero_grad(set_to_none=True)
+    if ON_GPU:
+        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+        self_us = {id(e): e.self_device_time_total for e in events}
+    else:
+        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CPU]
+        self_us = {id(e): e.self_cpu_time_total for e in events}
+    total = sum(self_us.values()) or 1.0
+    ranked = sorted(events, key=lambda e: self_us[id(e)], reverse=True)[:top]
+    clock = "cuda" if ON_GPU else "cpu"
+    return [
+        {
+            "part": "profile",
+            "rank": i + 1,
+            "name": e.key,
+            "calls": e.count,
+            "self_ms": self_us[id(e)] / 1e3,
+            "share": self_us[id(e)] / total,
+            "clock": clock,
+        }  # fmt: skip
+        for i, e in enumerate(ranked)
+    ]
