@@ -1,0 +1,383 @@
+"""tritonlab.attention.fp8: the e4m3 quantisation of K and V, the FP8 forward against float64 (odd
+shapes, strided inputs, poisoned outputs, large inputs, outlier channels, all-equal scores), its
+backward, the bf16 fallback and ``force_fp8``, bad input, and the sm_90 build (fp8 wgmma, no spills).
+
+On the CPU the kernels run in Triton's interpreter through ``_fp8_forward`` and the autograd
+function (the public functions fall back to bf16 there, by design); on an FP8 GPU the ``gpu`` tests
+call the public functions with ``force_fp8=True``.
+"""
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from tritonlab._runtime import kernel_device_type
+from tritonlab.attention import (
+    attention_forward,
+    fp8_attention,
+    fp8_attention_forward,
+    reference_attention,
+    supports_fp8,
+)
+from tritonlab.attention import fp8 as fp8_module
+from tritonlab.attention.fp8 import ERROR_BOUND, KV_BLOCK, LSE_BOUND
+from tritonlab.testing import output_and_grads, poisoned_empty, rel_err
+
+DEVICE = kernel_device_type()
+GPU = DEVICE == "cuda"
+GRAD_BOUND = 0.05  # dQ, dK, dV (bf16 backward from the FP8 forward's o and lse); measured 0.7-2.6%
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+def model_inputs(B, H, Lq, Lk, D, dtype=torch.bfloat16, scale_inputs=1.0, seed=0):
+    """q, k, v as the TransformerNP makes them: transposed views of (B, L, H·D) projections."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(B, Lq, H * D, generator=g, device=DEVICE) * scale_inputs
+    kv = torch.randn(B, Lk, 2 * H * D, generator=g, device=DEVICE) * scale_inputs
+    q = q.to(dtype).view(B, Lq, H, D).transpose(1, 2)
+    kv = kv.to(dtype).view(B, Lk, 2, H, D)
+    return q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+
+
+def fp8_forward(q, k, v, scale=None):
+    """The FP8 kernels themselves: through the public function on an FP8 GPU, directly elsewhere."""
+    if GPU:
+        return fp8_attention_forward(q, k, v, scale, force_fp8=True)
+    return fp8_module._fp8_forward(q, k, v, fp8_module.softmax_scale(q.shape[-1], scale))
+
+
+def check_forward(q, k, v, o_bound=ERROR_BOUND, lse_bound=LSE_BOUND):
+    with poisoned_empty():
+        o, lse = fp8_forward(q, k, v)
+    o_ref, lse_ref = reference_attention(q, k, v)
+    B, H, Lq, _ = q.shape
+    assert (
+        o.shape == q.shape and o.dtype == q.dtype and lse.shape == (B, H, Lq) and lse.dtype == torch.float32
+    )
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert rel_err(o, o_ref) < o_bound, rel_err(o, o_ref)
+    assert (lse.double() - lse_ref).abs().max().item() < lse_bound
+    return o, lse
+
+
+# --- the quantisation of K and V ----------------------------------------------------------------
+
+
+def dequantized_kv(k, v):
+    """K and V back from ``_quantize_kv`` in float64 (B, H, Lk, D), and the raw outputs."""
+    B, H, Lk, D = k.shape
+    k8, ks, v8t, vs = fp8_module._quantize_kv(k, v)
+    per_key = torch.arange(k8.shape[1], device=k.device) // KV_BLOCK
+    k_hat = k8.double() * ks.double()[:, per_key, None]
+    v_hat = v8t.double().transpose(1, 2) * vs.double()[:, per_key, None]
+    return k_hat.view(B, H, -1, D)[:, :, :Lk], v_hat.view(B, H, -1, D)[:, :, :Lk], (k8, ks, v8t, vs)
+
+
+def assert_within_e4m3(x_hat, x, scales_per_key):
+    """Each value within half an e4m3 step: 2**-4 relative among normals, 2**-10 · scale below them."""
+    bound = x.double().abs() * 2.0**-4 + scales_per_key * 2.0**-10
+    assert ((x_hat - x.double()).abs() <= bound * (1 + 1e-6)).all()
+
+
+def test_quantize_kv_round_trips_per_block_of_keys():
+    B, H, Lk, D = 1, 2, 2 * KV_BLOCK + 1, 64  # three blocks, the last of one key
+    _, k, v = model_inputs(B, H, 3, Lk, D, torch.float16)
+    k = k * torch.logspace(-2, 2, Lk, device=DEVICE).to(k.dtype)[:, None]  # blocks of different size
+    k_hat, v_hat, (k8, ks, v8t, vs) = dequantized_kv(k, v)
+    assert k8.dtype == v8t.dtype == torch.float8_e4m3fn and ks.dtype == vs.dtype == torch.float32
+    assert (
+        k8.shape == (B * H, 3 * KV_BLOCK, D) and v8t.shape == (B * H, D, 3 * KV_BLOCK) and ks.shape == (2, 3)
+    )
+    blocks = k.double().reshape(B * H, Lk, D)
+    for j in range(3):
+        amax = blocks[:, j * KV_BLOCK : (j + 1) * KV_BLOCK].abs().amax(dim=(1, 2))
+        assert torch.allclose(ks[:, j].double(), amax / 448.0, rtol=1e-6)
+    key_scale = ks.double()[:, torch.arange(Lk) // KV_BLOCK].view(B, H, Lk, 1)
+    assert_within_e4m3(k_hat, k, key_scale)
+    assert_within_e4m3(v_hat, v, vs.double()[:, torch.arange(Lk) // KV_BLOCK].view(B, H, Lk, 1))
+    assert (k8[:, Lk:].float() == 0).all() and (v8t[:, :, Lk:].float() == 0).all()  # zero padding
+
+
+def test_quantize_kv_zeros_and_outlier_channels():
+    B, H, Lk, D = 1, 1, 40, 64
+    k = torch.zeros(B, H, Lk, D, dtype=torch.bfloat16, device=DEVICE)
+    _, _, v = model_inputs(B, H, 1, Lk, D)
+    v = v.contiguous()
+    v[..., 5] = 1e3  # an outlier channel sets the block's scale
+    k_hat, v_hat, (_, ks, _, vs) = dequantized_kv(k, v)
+    assert (ks == 1.0).all() and (k_hat == 0).all()  # an all-zero block: scale 1, zeros back
+    assert vs.item() == pytest.approx(1e3 / 448.0, rel=1e-6)
+    assert_within_e4m3(v_hat, v, vs.double())
+    assert torch.isfinite(v_hat).all() and torch.allclose(v_hat[..., 5], torch.full_like(v_hat[..., 5], 1e3))
+
+
+# --- the forward against float64 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("B", "H", "Lq", "Lk", "D", "dtype"),
+    [
+        (1, 1, 1, 1, 64, torch.bfloat16),
+        (2, 3, 17, 100, 64, torch.bfloat16),
+        (1, 2, 257, 17, 64, torch.float16),
+        (1, 1, 100, 257, 128, torch.bfloat16),
+        (1, 1, 17, 1000, 64, torch.float16),
+    ],
+)
+def test_forward_matches_float64_within_the_fp8_bound(B, H, Lq, Lk, D, dtype):
+    check_forward(*model_inputs(B, H, Lq, Lk, D, dtype))
+
+
+def test_forward_reads_any_strides_and_lays_out_o_as_the_model_reshapes_it():
+    B, H, Lq, Lk, D = 1, 2, 19, 23, 64  # D not unit-stride: every other element of a wider tensor
+    wide = torch.randn(B, H, Lq + 2 * Lk, 2 * D, device=DEVICE, dtype=torch.bfloat16)
+    q, k, v = wide[:, :, :Lq, ::2], wide[:, :, Lq : Lq + Lk, 1::2], wide[:, :, Lq + Lk :, ::2]
+    o, _ = check_forward(q, k, v)
+    assert o.transpose(1, 2).reshape(B, Lq, H * D).data_ptr() == o.data_ptr()
+
+
+def test_large_inputs_and_outlier_channels_stay_finite():
+    # x100: softmax nearly one-hot, where rounding of Q and K may swap near-tied keys: finite, and
+    # lse (what the backward needs) within its bound relative to the scores' size.
+    q, k, v = model_inputs(1, 2, 33, 70, 64, scale_inputs=100.0)
+    with poisoned_empty():
+        o, lse = fp8_forward(q, k, v)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    lse_ref = reference_attention(q, k, v)[1]
+    assert ((lse.double() - lse_ref).abs() / lse_ref.abs().clamp_min(1.0)).max() < LSE_BOUND
+    q, k, v = (t.clone() for t in model_inputs(1, 2, 33, 70, 64))
+    for t in (q, k, v):
+        t[..., [3, 40]] = 1e3  # outlier channels: every score is dominated by them
+    o, lse = fp8_forward(q, k, v)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert rel_err(o, reference_attention(q, k, v)[0]) < ERROR_BOUND
+
+
+def test_all_equal_scores_give_the_mean_of_v():
+    # Every key ties the running maximum, so P = 1 for every key (448 in e4m3): O is mean(V).
+    B, H, Lq, Lk, D = 1, 1, 5, 300, 64
+    q, _, v = model_inputs(B, H, Lq, Lk, D)
+    k = torch.randn(1, 1, 1, D, device=DEVICE).to(torch.bfloat16).expand(B, H, Lk, D)
+    o, lse = check_forward(q, k, v)
+    assert rel_err(o, v.double().mean(2, keepdim=True).expand_as(o)) < ERROR_BOUND
+    assert torch.allclose(lse.double(), reference_attention(q, k, v)[1], atol=LSE_BOUND)
+
+
+def test_backward_from_the_fp8_forward_matches_float64():
+    q, k, v = model_inputs(1, 2, 17, 100, 64, torch.float16)  # fp16: the interpreter's bf16 dots are wrong
+    do = torch.randn_like(q)
+    scale = 64**-0.5
+
+    def fp8(a, b, c):
+        if GPU:
+            return fp8_attention(a, b, c, force_fp8=True)
+        return fp8_module._FP8AttentionFunction.apply(a, b, c, scale, None)
+
+    got = output_and_grads(fp8, [q, k, v], do)
+    want = output_and_grads(lambda a, b, c: reference_attention(a, b, c)[0], [q, k, v], do, torch.float64)
+    for name, g, w, bound in zip(
+        ("o", "dq", "dk", "dv"), got, want, (ERROR_BOUND, *[GRAD_BOUND] * 3), strict=True
+    ):
+        assert g.dtype == torch.float16 and torch.isfinite(g).all(), name
+        assert rel_err(g, w) < bound, (name, rel_err(g, w))
+
+
+# --- where FP8 runs, and what happens elsewhere ------------------------------------------------------
+
+
+@pytest.mark.skipif(GPU, reason="the CPU's fallback")
+def test_without_fp8_the_public_functions_run_bf16_and_say_so_once(caplog):
+    assert not supports_fp8()
+    q, k, v = model_inputs(1, 2, 9, 13, 64, torch.float16)
+    fp8_module._warn_fallback.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="tritonlab"):
+        o, lse = fp8_attention_forward(q, k, v)
+        o2 = fp8_attention(q, k, v)
+    warnings = [r for r in caplog.records if "fp8 attention" in r.getMessage()]
+    assert len(warnings) == 1 and "bf16" in warnings[0].getMessage()
+    o_bf16, lse_bf16 = attention_forward(q, k, v)
+    assert torch.equal(o, o_bf16) and torch.equal(lse, lse_bf16) and torch.equal(o2, o_bf16)
+    with pytest.raises(ValueError, match="force_fp8: FP8 attention needs compute capability"):
+        fp8_attention(q, k, v, force_fp8=True)
+    with pytest.raises(ValueError, match="force_fp8"):
+        fp8_attention_forward(q, k, v, force_fp8=True)
+
+
+def _t(*shape, dtype=torch.bfloat16, device=DEVICE):
+    return (
+        torch.randn(*shape, device=device).to(dtype)
+        if device != "meta"
+        else torch.empty(*shape, device="meta", dtype=dtype)
+    )
+
+
+@pytest.mark.parametrize(
+    ("q", "k", "v", "match"),
+    [
+        (_t(1, 2, 4, 64, dtype=torch.float32), _t(1, 2, 4, 64), _t(1, 2, 4, 64), "q: unsupported dtype"),
+        (
+            _t(1, 2, 4, 32),
+            _t(1, 2, 4, 32),
+            _t(1, 2, 4, 32),
+            r"q: unsupported head dim D=32; expected one of \(64, 128\)",
+        ),
+        (_t(1, 2, 4, 64), _t(2, 2, 4, 64), _t(2, 2, 4, 64), "k: batch and heads"),
+        (_t(1, 2, 4, 64), _t(1, 2, 5, 64), _t(1, 2, 4, 64), "v: 4 keys, but k has 5"),
+        (_t(1, 2, 4, 64), _t(1, 2, 4, 64, device="meta"), _t(1, 2, 4, 64), "k: on meta"),
+        (_t(1, 2, 4, 64), _t(1, 2, 4, 64, dtype=torch.float16), _t(1, 2, 4, 64), "k: dtype"),
+    ],
+)
+@pytest.mark.parametrize("fn", [fp8_attention, fp8_attention_forward])
+def test_bad_input_is_a_value_error_naming_the_argument(fn, q, k, v, match):
+    with pytest.raises(ValueError, match=match):
+        fn(q, k, v)
+
+
+# --- the sm_90 build -----------------------------------------------------------------------------
+
+_COMPILE_CHECK = r"""
+import json, re, subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tritonlab.attention.fp8 import KV_BLOCK, _SEARCH_SPACE, _fp8_fwd_kernel
+
+ptxas = sys.argv[1]
+wanted = json.loads(sys.argv[2])
+results = []
+for bm, bn, warps, stages, loader, dims in _SEARCH_SPACE:
+    for d in dims:
+        if [bm, bn, warps, stages, loader, d] not in wanted:
+            continue
+        consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, KV_BLOCK=KV_BLOCK, USE_TMA=loader == "tma",
+                      EXACT_CAST=False)
+        sig = {n: "i32" for n in _fp8_fwd_kernel.arg_names}
+        sig.update(Q="*bf16", K8="*fp8e4nv", V8T="*fp8e4nv", KS="*fp32", VS="*fp32", O="*bf16",
+                   LSE="*fp32", qk_scale="fp32", **{c: "constexpr" for c in consts})
+        out = triton.compile(ASTSource(_fp8_fwd_kernel, signature=sig, constexprs=consts),
+                             target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+        ptx = out.asm["ptx"]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "k.ptx"
+            path.write_text(ptx)
+            report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(path), "-o", str(path.with_suffix(".cubin"))],
+                                    capture_output=True, text=True, check=True).stderr
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+        results.append({"config": [bm, bn, warps, stages, loader, d],
+                        "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\S*e4m3\.e4m3", ptx))),
+                        "satfinite": "cvt.rn.satfinite.e4m3x2.f32" in ptx,
+                        "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
+                        "spill_bytes": sum(spills)})
+print(json.dumps(results))
+"""
+
+
+def compile_for_sm90(configs: list[list]) -> list[dict]:
+    """Compile the forward for sm_90 in a process without the interpreter (whose kernels cannot be
+    compiled) and read ptxas' report: for each config, its fp8 wgmma, saturating casts, registers, spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", _COMPILE_CHECK, str(PTXAS), json.dumps(configs)],
+        capture_output=True, text=True, env=env, cwd=root, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def assert_fp8_build(results, configs):
+    assert [r["config"] for r in results] == configs
+    for r in results:
+        assert r["wgmma"] and all(w.endswith("e4m3.e4m3") for w in r["wgmma"]), r
+        assert r["satfinite"], r  # P a hair above 1 saturates at 448 instead of becoming NaN
+        assert r["spill_bytes"] == 0 and r["registers"] <= 255, r
+
+
+needs_ptxas = pytest.mark.skipif(not PTXAS.exists(), reason="needs Triton's bundled ptxas")
+
+
+@needs_ptxas
+def test_the_headline_configs_build_for_sm90_with_e4m3_wgmma_and_no_spills():
+    configs = [[128, 128, 8, 3, "tma", 64], [128, 64, 8, 3, "tma", 128]]
+    assert_fp8_build(compile_for_sm90(configs), configs)
+
+
+@needs_ptxas
+@pytest.mark.slow
+def test_every_config_of_the_space_builds_for_sm90_without_spills():
+    configs = [
+        [bm, bn, w, st, loader, d] for bm, bn, w, st, loader, dims in fp8_module._SEARCH_SPACE for d in dims
+    ]
+    assert_fp8_build(compile_for_sm90(configs), configs)
+
+
+# --- on an FP8 GPU --------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_supports_fp8_on_hopper():
+    assert supports_fp8() == (torch.cuda.get_device_capability() >= (8, 9))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Lq", [1, 17, 100, 257, 1000])
+@pytest.mark.parametrize("Lk", [1, 17, 100, 257, 1000])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_forward_matches_float64_on_odd_shapes(Lq, Lk, D):
+    if not supports_fp8():
+        pytest.skip("no FP8 on this GPU")
+    check_forward(*model_inputs(2, 3, Lq, Lk, D))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Lq", [1, 257, 1000])
+@pytest.mark.parametrize("Lk", [17, 1000])
+def test_gpu_backward_matches_float64(Lq, Lk):
+    if not supports_fp8():
+        pytest.skip("no FP8 on this GPU")
+    q, k, v = model_inputs(2, 3, Lq, Lk, 64)
+    do = torch.randn_like(q)
+    got = output_and_grads(lambda a, b, c: fp8_attention(a, b, c, force_fp8=True), [q, k, v], do)
+    want = output_and_grads(lambda a, b, c: reference_attention(a, b, c)[0], [q, k, v], do, torch.float64)
+    for name, g, w, bound in zip(
+        ("o", "dq", "dk", "dv"), got, want, (ERROR_BOUND, *[GRAD_BOUND] * 3), strict=True
+    ):
+        assert rel_err(g, w) < bound, (name, rel_err(g, w))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["x100", "outliers", "equal-scores"])
+def test_gpu_no_nan_or_inf_at_mid(case):
+    if not supports_fp8():
+        pytest.skip("no FP8 on this GPU")
+    # The TransformerNP's mid shape (B 4, Lq 11 000, Lk 10 000, 8 heads of 64) with the hard inputs.
+    q, k, v = model_inputs(4, 8, 11_000, 10_000, 64, scale_inputs=100.0 if case == "x100" else 1.0)
+    if case == "outliers":
+        q, k, v = (t.clone() for t in (q, k, v))
+        for t in (q, k, v):
+            t[..., [3, 40]] = 1e3
+    if case == "equal-scores":
+        k = k[:, :, :1].expand_as(k)
+    o, lse = fp8_attention_forward(q, k, v, force_fp8=True)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    if case == "equal-scores":
+        assert rel_err(o, v.double().mean(2, keepdim=True).expand_as(o)) < ERROR_BOUND
+        assert torch.allclose(lse.double(), torch.full_like(lse.double(), math.log(10_000)) + (
+            (q.double() @ k[:, :, :1].double().transpose(-1, -2)).squeeze(-1) / 8.0), atol=LSE_BOUND)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_gpu_force_fp8_without_fp8_is_an_error():
+    if supports_fp8():
+        pytest.skip("this GPU has FP8")
+    q, k, v = model_inputs(1, 1, 8, 8, 64)
+    with pytest.raises(ValueError, match="force_fp8"):
+        fp8_attention(q, k, v, force_fp8=True)
