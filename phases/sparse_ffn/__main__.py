@@ -146,7 +146,7 @@ def prepare(args) -> dict:
     longest = max(seq for _, _, seq in args.shapes)
     if longest > spec.max_seq:
         raise ValueError(
-            f"--seq-len: {longest} is longer than {args.model}'s {spec.max_seq} positions"
+            f"--shape/--seq-len: a sequence of {longest} is longer than {args.model}'s {spec.max_seq} positions"
             + (" (the CPU's tiny config)" if spec.tiny else "")
         )
     count = spec.config.num_hidden_layers
