@@ -92,9 +92,14 @@ def make_parser():
         help="a local tokenizer (directory or cached name); default: the model's own where it is local, "
         "else one trained on the rows' text",
     )  # fmt: skip
-    parser.add_argument(
+    slices = parser.add_mutually_exclusive_group()
+    slices.add_argument(
         "--fractions", nargs="+", type=float, default=list(FRACTIONS), metavar="F",
         help="N as fractions of batch*seq rows, each in [0, 1] (default: %(default)s)",
+    )  # fmt: skip
+    slices.add_argument(
+        "--n-rows", nargs="+", type=int, default=None, metavar="N",
+        help="N as row counts, each in [0, batch*seq] of every shape (instead of --fractions)",
     )  # fmt: skip
     parser.add_argument(
         "--layers", nargs="+", type=int, default=None, metavar="I",
@@ -136,6 +141,12 @@ def parse_args(argv=None, parser=None):
                 f"CPU (at most {CPU_MAX_ROWS}); run that on a GPU"
             )
         args.shapes.append((label, batch, seq))
+    rows = min(batch * seq for _, batch, seq in args.shapes)
+    bad = [n for n in args.n_rows or [] if not 0 <= n <= rows]
+    if bad:
+        parser.error(
+            f"--n-rows: each must be in [0, {rows}] (the fewest batch*seq rows of the shapes), got {bad}"
+        )
     return args
 
 
@@ -205,18 +216,19 @@ def main(argv=None) -> None:
     def cells():
         if "kernel" in args.parts:
             yield from kernel_cells(
-                args.shapes, args.fractions, dtype, config.hidden_size, config.intermediate_size
+                args.shapes, args.fractions, dtype, config.hidden_size, config.intermediate_size, args.n_rows
             )
         if "model" in args.parts:
             about = {"model": args.model, "weights": setup["weights"]}
             yield from model_cells(
                 setup["model"], about, setup["tokenizer"], setup["samples"], args.shapes, args.fractions,
-                dtype, args.layers,
+                dtype, args.layers, args.n_rows,
             )  # fmt: skip
 
     with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
-        per_shape = 2 * len(KERNEL_VARIANTS) * len(args.fractions) if "kernel" in args.parts else 0
-        per_shape += len(args.task) * (1 + len(args.fractions)) if "model" in args.parts else 0
+        n_slices = len(args.n_rows or args.fractions)
+        per_shape = 2 * len(KERNEL_VARIANTS) * n_slices if "kernel" in args.parts else 0
+        per_shape += len(args.task) * (1 + n_slices) if "model" in args.parts else 0
         run_cells(writer, cells(), total=len(args.shapes) * per_shape)
         if args.profile:
             write_profile(writer, args, setup)

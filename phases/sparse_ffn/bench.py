@@ -2,7 +2,7 @@
 
 - kernel cells (``part`` = "kernel"): the two dX GEMMs of the model's FFN layer at T = batch·seq
   rows, ``intermediate`` (dY (T, FFN) @ W (FFN, H)) and ``output`` (dY (T, H) @ W (H, FFN)), for
-  N = fraction·T rows: ``ours`` (``fixed_slice_matmul``: the slice plus the zero rows, one launch),
+  N rows (a fraction of T, or a row count): ``ours`` (``fixed_slice_matmul``: the slice plus the zero rows, one launch),
   ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written) and ``cublas-full`` (on all of
   dY: what the unmodified backward does). Checked against the float32 product of the slice first.
 - model cells (``part`` = "model"): a BERT or RoBERTa sequence classifier (two labels, as the GLUE
@@ -66,8 +66,12 @@ def bench_kw() -> dict:
     return {} if ON_GPU else {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}
 
 
-def n_rows_of(fraction: float, rows: int) -> int:
-    return int(round(fraction * rows))
+def slices(rows: int, fractions=None, n_rows=None) -> list[tuple[float, int]]:
+    """(fraction, N) per slice at ``rows`` = batch·seq: ``n_rows`` as given (fraction N/rows) if any,
+    else N = round(fraction·rows) per fraction."""
+    if n_rows:
+        return [(n / rows, n) for n in n_rows]
+    return [(f, int(round(f * rows))) for f in fractions]
 
 
 # --- the model ------------------------------------------------------------------------------------
@@ -148,8 +152,11 @@ def build_model(spec: ModelSpec, tokenizer: Tokenizer, dtype: torch.dtype):
 # --- cells ----------------------------------------------------------------------------------------
 
 
-def kernel_cells(shapes, fractions, dtype: torch.dtype, hidden: int, intermediate: int) -> Iterator[Cell]:
-    """``shapes``: (label, batch, seq) triples; ``hidden``, ``intermediate``: the model's FFN sizes."""
+def kernel_cells(
+    shapes, fractions, dtype: torch.dtype, hidden: int, intermediate: int, n_rows=None
+) -> Iterator[Cell]:
+    """``shapes``: (label, batch, seq) triples; ``hidden``, ``intermediate``: the model's FFN sizes;
+    the slices: ``fractions`` of the rows, or ``n_rows`` row counts."""
     for label, batch, seq in shapes:
         T = batch * seq
         for layer, (K, D) in {
@@ -159,8 +166,7 @@ def kernel_cells(shapes, fractions, dtype: torch.dtype, hidden: int, intermediat
             torch.manual_seed(0)
             dy = torch.randn(T, K, device=device(), dtype=dtype)
             w = (torch.randn(K, D, device=device(), dtype=dtype) / K**0.5).to(dtype)
-            for fraction in fractions:
-                n = n_rows_of(fraction, T)
+            for fraction, n in slices(T, fractions, n_rows):
                 for variant in KERNEL_VARIANTS:
                     cols = {"part": "kernel", "layer": layer, "fraction": fraction, "n_rows": n, "rows": T,
                             "batch": batch, "seq": seq, "k": K, "d": D}  # fmt: skip
@@ -191,10 +197,19 @@ def _kernel_run(variant: str, dy, w, n: int):
 
 
 def model_cells(
-    original, about: dict, tokenizer: Tokenizer, samples: list[Sample], shapes, fractions, dtype, layers
+    original,
+    about: dict,
+    tokenizer: Tokenizer,
+    samples: list[Sample],
+    shapes,
+    fractions,
+    dtype,
+    layers,
+    n_rows=None,
 ) -> Iterator[Cell]:
     """``original`` and ``sliced`` cells per task and shape; ``about``: columns naming the model
-    (``model``, ``weights``); ``layers``: the encoder layers to replace (None: all)."""
+    (``model``, ``weights``); ``layers``: the encoder layers to replace (None: all); the slices as
+    for :func:`kernel_cells`."""
     for sample in samples:
         for label, batch, seq in shapes:
             T = batch * seq
@@ -205,8 +220,7 @@ def model_cells(
                     "n_layers": original.config.num_hidden_layers if layers is None else len(set(layers))}  # fmt: skip
             yield Cell("original", label, dtype_name(dtype), _model_run(original, None, inputs),
                        {**base, "fraction": 1.0, "n_rows": T})  # fmt: skip
-            for fraction in fractions:
-                n = n_rows_of(fraction, T)
+            for fraction, n in slices(T, fractions, n_rows):
                 yield Cell("sliced", label, dtype_name(dtype), _model_run(original, (n, layers), inputs),
                            {**base, "fraction": fraction, "n_rows": n})  # fmt: skip
 

@@ -46,6 +46,9 @@ def test_a_cpu_run_says_first_that_the_backward_is_wrong_and_which_data_fed_it(c
         (["--generated", "--tokenizer", "x"], "--tokenizer"),
         (["--generated", "--data-dir", "x"], "--data-dir"),
         (["--parts", "attention"], "--parts"),
+        (["--n-rows", "17"], "--n-rows"),  # tiny has 2 x 8 rows
+        (["--n-rows", "-1"], "--n-rows"),
+        (["--n-rows", "1", "--fractions", "0"], "--fractions"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_flag(argv, flag, capsys):
@@ -82,16 +85,20 @@ def test_a_sequence_longer_than_the_models_positions_is_refused():
         main.prepare(args)
 
 
-def test_batch_and_seq_len_override_the_shape():
-    args = main.parse_args(["--batch", "4", "--seq-len", "16"])
-    assert args.shapes == [("4x16", 4, 16)]
+def test_batch_and_seq_len_override_the_shape_and_n_rows_the_fractions():
+    args = main.parse_args(["--batch", "4", "--seq-len", "16", "--n-rows", "0", "64"])
+    assert args.shapes == [("4x16", 4, 16)] and args.n_rows == [0, 64]
+    assert bench.slices(64, args.fractions, args.n_rows) == [(0.0, 0), (1.0, 64)]
     assert main.parse_args([]).shapes == [("tiny", 2, 8)]
+    assert bench.slices(16, [0, 0.125, 1]) == [(0, 0), (0.125, 2), (1, 16)]
 
 
 def test_kernel_cells_check_and_zero_rows():
     cells = list(bench.kernel_cells([("tiny", 2, 8)], [0.5], torch.float32, hidden=32, intermediate=48))
     assert [c.variant for c in cells] == ["ours", "cublas-slice", "cublas-full"] * 2
     assert (cells[0].columns["k"], cells[0].columns["d"]) == (48, 32)
+    by_count = bench.kernel_cells([("tiny", 2, 8)], None, torch.float32, 32, 48, n_rows=[3])
+    assert {(c.columns["n_rows"], c.columns["fraction"]) for c in by_count} == {(3, 3 / 16)}
     row = cells[0].run()
     assert row["ms"] > 0 and "BLOCK_M" in row["tiles"]
 
