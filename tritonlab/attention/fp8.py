@@ -83,11 +83,13 @@ FP8_INPUT_DTYPES = (torch.bfloat16, torch.float16)
 KV_BLOCK = 128  # keys per K and V scale; every BLOCK_N divides it, so a K/V tile has one scale
 MIN_CAPABILITY = (8, 9)
 _E4M3_MAX = tl.constexpr(FP8_MAX)  # 448, as the kernels see it
-# What the tests hold the FP8 forward to against float64, for inputs of unit variance: the relative
-# Frobenius error of O (measured: 4-6%; e4m3 rounds P and V by up to 2**-4 each) and the largest
-# absolute error of lse (measured: up to 0.07, from the rounding of Q and K).
+# What the tests and phase 05 hold the FP8 attention to against float64, for inputs of unit
+# variance: the relative Frobenius error of O (measured: 4-6%; e4m3 rounds P and V by up to 2**-4
+# each), the largest absolute error of lse (measured: up to 0.07, from the rounding of Q and K), and
+# the relative Frobenius error of dQ, dK, dV from the bf16 backward (measured: 0.7-2.6%).
 ERROR_BOUND = 0.08
 LSE_BOUND = 0.15
+GRAD_BOUND = 0.05
 
 
 # --- quantisation of one tile ------------------------------------------------------------------
@@ -445,4 +447,12 @@ def fp8_attention(
     return _bf16_attention(q, k, v, scale, record=record)
 
 
-__all__ = ["ERROR_BOUND", "FP8_HEAD_DIMS", "fp8_attention", "fp8_attention_forward", "supports_fp8"]
+__all__ = [
+    "ERROR_BOUND",
+    "FP8_HEAD_DIMS",
+    "GRAD_BOUND",
+    "LSE_BOUND",
+    "fp8_attention",
+    "fp8_attention_forward",
+    "supports_fp8",
+]
