@@ -1,0 +1,131 @@
+"""The shapes the config tables are tuned at, and how to run each autotuned kernel there.
+
+A :class:`Workload` is one public function at one shape and dtype: running it once (forward, and
+backward where the backward has an autotuned kernel) makes every registered kernel on its path meet
+its autotuning key. Phase 11 runs each workload under ``TRITONLAB_AUTOTUNE=full`` on a GPU and
+writes what ``tritonlab.tuning_tables.TUNER`` timed into the tables; its sm_80 compile check runs
+the same workloads with every launch intercepted, to compile each config for that target.
+
+The shapes: the TransformerNP's small, mid and large (as the model calls each kernel: attention
+over B·8 heads of D = 64 with M + N queries and M keys, the MLP over B·(M+N) tokens, the heads over
+B·N targets), which are also the benchmark shapes of phases 02-07 and 12.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .models.shapes import SHAPES, TNPShape
+from .models.tnp import TNPConfig
+
+TNP_SHAPES = ("small", "mid", "large")
+MODEL = TNPConfig()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``function`` at ``shape`` in ``dtype``; ``kernels``: the registered kernels it tunes."""
+
+    function: str
+    shape: str
+    dtype: torch.dtype
+    kernels: tuple[str, ...]
+    build: Callable[[TNPShape, torch.dtype, torch.device], Callable[[], None]]
+
+    @property
+    def name(self) -> str:
+        return f"{self.function}@{self.shape}"
+
+    def runner(self, device: torch.device | str = "cuda") -> Callable[[], None]:
+        """A call that runs the workload once on fresh inputs built now (kept by the call)."""
+        return self.build(SHAPES[self.shape], self.dtype, torch.device(device))
+
+
+def _tensor(shape, dtype, device, requires_grad=False) -> torch.Tensor:
+    # Random on a GPU (timings on realistic values); uninitialised elsewhere: the sm_80 compile
+    # check only needs the tensors' layouts, and random fill of the large shape costs seconds.
+    if device.type == "cuda":
+        t = torch.randn(shape, dtype=dtype, device=device)
+    else:
+        t = torch.empty(shape, dtype=dtype, device=device)
+    return t.requires_grad_(requires_grad)
+
+
+def _attention(fused: bool):
+    def build(shape: TNPShape, dtype, device):
+        from .attention import attention, fused_attention
+
+        fn = fused_attention if fused else attention
+        B, H, D = shape.batch, MODEL.n_heads, MODEL.head_dim
+        L, M = shape.m_context + shape.n_target, shape.m_context
+        # The model's layout: q, k, v are views of (B, L, H·D) projections.
+        q = _tensor((B, L, H, D), dtype, device, True)
+        kv = _tensor((B, M, 2, H, D), dtype, device)
+        k = kv[:, :, 0].transpose(1, 2).detach().requires_grad_()
+        v = kv[:, :, 1].transpose(1, 2).detach().requires_grad_()
+        q_view = q.transpose(1, 2)
+        do = _tensor((B, H, L, D), dtype, device)
+
+        def run():
+            fn(q_view, k, v).backward(do)
+
+        return run
+
+    return build
+
+
+def _mlp(function: str):
+    def build(shape: TNPShape, dtype, device):
+        from . import mlp
+
+        fn = getattr(mlp, function)
+        x = _tensor((shape.tokens, MODEL.d_model), dtype, device)
+        w1 = _tensor((MODEL.d_ff, MODEL.d_model), dtype, device)
+        w2 = _tensor((MODEL.d_model, MODEL.d_ff), dtype, device)
+        # Forward only: the MLP's backward is cuBLAS and one elementwise kernel, none autotuned.
+        return lambda: fn(x, w1, w2)
+
+    return build
+
+
+def _heads(shape: TNPShape, dtype, device):
+    from .grouped_gemm import gmm_heads
+
+    T, G = shape.batch * shape.n_target, MODEL.n_components
+    z = _tensor((T, MODEL.d_model), dtype, device, True)
+    w1 = _tensor((G, MODEL.d_head_hidden, MODEL.d_model), dtype, device, True)
+    w2 = _tensor((G, 3, MODEL.d_head_hidden), dtype, device, True)
+    dout = _tensor((T, G, 3), dtype, device)
+    return lambda: gmm_heads(z, w1, w2).backward(dout)
+
+
+# Per public function: the kernels it tunes and how to run it.
+FUNCTIONS: dict[str, tuple[tuple[str, ...], Callable]] = {
+    "attention": (("attention.forward", "attention.dkdv", "attention.dq"), _attention(fused=False)),
+    "fused_attention": (("attention.forward", "attention.fused_backward"), _attention(fused=True)),
+    "fused_mlp": (("mlp.staged_forward",), _mlp("fused_mlp")),
+    "fused_mlp_in_registers": (("mlp.register_forward",), _mlp("fused_mlp_in_registers")),
+    "gemm_silu_mlp": (("mlp.gemm_silu",), _mlp("gemm_silu_mlp")),
+    "gmm_heads": (("heads.forward", "heads.hidden_backward"), _heads),
+}
+
+
+def workloads(shapes=TNP_SHAPES, dtypes=(torch.bfloat16,), functions=tuple(FUNCTIONS)) -> list[Workload]:
+    """Every function at every shape and dtype (the tables' bf16 by default), in that order."""
+    unknown = [f for f in functions if f not in FUNCTIONS]
+    if unknown:
+        raise ValueError(f"functions: unknown {unknown}; expected some of {', '.join(FUNCTIONS)}")
+    bad = [s for s in shapes if s not in SHAPES]
+    if bad:
+        raise ValueError(f"shapes: unknown {bad}; expected some of {', '.join(SHAPES)}")
+    return [
+        Workload(fn, shape, dtype, *FUNCTIONS[fn]) for dtype in dtypes for shape in shapes for fn in functions
+    ]
+
+
+def import_kernels() -> None:
+    """Import every module that registers an autotuned kernel, so the registry is complete."""
+    from . import attention, grouped_gemm, mlp  # noqa: F401
