@@ -164,3 +164,12 @@ def test_headline_is_ours_against_cublas_on_the_slice_and_render_has_the_ideal()
     assert WRONG in text and "ideal_bwd_speedup" in text and "glue/sst2 (local)" in text
     # 12 layers x 1.8 ms of FFN dX saved at N = 0: 40 / (40 - 21.6)
     assert f"{40 / (40 - 21.6):.4g}" in text
+
+
+@pytest.mark.gpu
+def test_gpu_profile_rows_are_cuda_kernels_by_cuda_time():
+    sample, tokenizer, model, _ = tiny("bert-base-uncased", "sst2")  # bert-base sized on a GPU
+    rows = bench.profile_rows(model, data.encode(tokenizer, sample, 2, 128, "cuda"))
+    assert len(rows) == bench.PROFILE_TOP and {r["clock"] for r in rows} == {"cuda"}
+    assert not any(r["name"].startswith("aten::") for r in rows)  # kernels, not operators
+    assert all(r["self_ms"] > 0 for r in rows) and sum(r["share"] for r in rows) <= 1 + 1e-9
