@@ -18,6 +18,7 @@ at the same shape, checkpoint mode and graph toggle (baselines run first).
 """
 
 import dataclasses
+import functools
 import gc
 from collections.abc import Callable
 from typing import ClassVar
@@ -46,7 +47,6 @@ CUSTOM = [
 # sdpa-math: the CPU's reference and baseline (cuDNN and flash SDPA need a CUDA GPU).
 VARIANTS = [*BASELINES, "sdpa-math", *CUSTOM]
 REFERENCE = "sdpa-cudnn" if ON_GPU else "sdpa-math"
-FP8_SKIP = "phase 05's FP8 attention does not exist yet: no FP8 attention kernel to run"
 
 # Correctness tolerances, per dtype: |loss − loss_ref| ≤ LOSS_RTOL·|loss_ref|, and per parameter
 # ||g − g_ref||₂ ≤ GRAD_RTOL·||g_ref||₂ + GRAD_ATOL·sqrt(numel) (the absolute term for parameters
@@ -80,7 +80,10 @@ def _triton_components(attention: str) -> Components:
     # mixed: SDPA's attention (cuDNN; the CPU's math) with our MLP, heads and loss -- at small the
     # attention is a few percent of the step, and the rest is where our kernels beat compile's.
     mixed = sdpa_attention("cudnn" if ON_GPU else "math")
-    fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": mixed}[attention]
+    # fp8: phase 05's FP8 forward with the bf16 two-pass backward; force_fp8, so a GPU without FP8
+    # is an error row rather than a bf16 run under this name (skip_reason keeps such cells out).
+    fp8 = functools.partial(attn.fp8_attention, force_fp8=True)
+    fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": mixed, "fp8": fp8}[attention]
     return Components(attention=fn, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
 
 
@@ -89,14 +92,33 @@ def components(variant: str) -> Components:
     base = variant.removeprefix("compile+")
     if base.startswith("sdpa-"):
         return Components(attention=sdpa_attention(base.removeprefix("sdpa-")))
+    if base == "custom-fp8-fused":
+        return _triton_components("fp8")
     return _triton_components(base.rsplit("-", 1)[-1])
 
 
-def skip_reason(variant: str, graphs: bool) -> str | None:
+def fp8_skip_reason(dtype: str) -> str | None:
+    """Why the FP8 variant cannot run here, or None: FP8 attention needs a GPU with FP8 (compute
+    capability >= 8.9; elsewhere it would run the bf16 kernels, which custom-bf16-separate measures)
+    and 16-bit inputs (the bf16 autocast run)."""
+    from tritonlab.attention import supports_fp8
+
+    if not supports_fp8():
+        where = torch.cuda.get_device_name() if ON_GPU else "the CPU"
+        return (
+            f"FP8 attention needs compute capability >= 8.9 (H100); on {where} fp8_attention would run "
+            "the bf16 kernels, which custom-bf16-separate already measures"
+        )
+    if dtype != "bf16":
+        return f"FP8 attention takes bf16 or fp16 inputs: run with --dtype bf16, not {dtype}"
+    return None
+
+
+def skip_reason(variant: str, graphs: bool, dtype: str) -> str | None:
     """Why a cell cannot run here (a "skipped" row), or None."""
     base = variant.removeprefix("compile+")
-    if base == "custom-fp8-fused":
-        return FP8_SKIP
+    if base == "custom-fp8-fused" and fp8_skip_reason(dtype):
+        return fp8_skip_reason(dtype)
     if not ON_GPU:
         if base in ("sdpa-cudnn", "sdpa-flash"):
             return f"{base}: SDPA's {base[5:]} backend needs a CUDA GPU (the CPU's baseline is sdpa-math)"
@@ -302,7 +324,7 @@ def shape_cells(
         key = (checkpoint, graphs)
 
         def run() -> dict:
-            reason = skip_reason(variant, graphs)
+            reason = skip_reason(variant, graphs, setup.dtype)
             if reason:
                 return {"status": "skipped", "error": reason}
             ref = reference()

@@ -47,13 +47,22 @@ def test_a_tiny_cpu_run_writes_a_row_per_variant(tmp_path):
     assert float(ours["grad_max_rel_err"]) <= bench.TOLERANCES["fp32"]["grad_rtol"]
     assert len(ours["loss_curve"].split(";")) == 2 and float(ours["tokens_per_s"]) > 0
     assert float(ours["speedup_vs_best_baseline"]) > 0
-    assert "FP8 attention does not exist" in rows["custom-fp8-fused"]["error"]
+    assert "FP8 attention needs compute capability >= 8.9" in rows["custom-fp8-fused"]["error"]
     assert rows["custom-fp8-fused"]["status"] == "skipped"
     assert "needs a CUDA GPU" in rows["sdpa-cudnn"]["error"]
     assert "CUDA graphs need a CUDA GPU" in rows["custom-bf16-separate+graphs"]["error"]
     assert rows["compile+custom-bf16-fused"]["status"] == "skipped"
     text = (tmp_path / "12_matrix.md").read_text()
     assert "CPU smoke runs" in text and "## Verdict" not in text
+
+
+def test_the_fp8_variant_is_our_components_with_phase_05s_attention_forced_to_fp8():
+    from tritonlab.attention import fp8_attention
+
+    bench = phase_module("12", "bench")
+    attention = bench.components("custom-fp8-fused").attention
+    assert attention.func is fp8_attention and attention.keywords == {"force_fp8": True}
+    assert bench.components("custom-bf16-separate").mlp is bench.components("custom-fp8-fused").mlp
 
 
 def test_a_wrong_gradient_is_an_error():
