@@ -207,9 +207,11 @@ def main(argv=None) -> None:
     except ValueError as err:
         parser.error(str(err))
     dtype = DTYPES[args.dtype]
-    config = setup["spec"].config
-    print(f"model: {args.model} ({setup['spec'].family}, {config.num_hidden_layers} layers, hidden "
-          f"{config.hidden_size}, FFN {config.intermediate_size}){', ' + setup['weights'] if 'weights' in setup else ''}")  # fmt: skip
+    spec = setup["spec"]
+    config = spec.config
+    sizes = f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, FFN {config.intermediate_size}"
+    weights = f", {setup['weights']}" if "weights" in setup else ""
+    print(f"model: {args.model} ({spec.family}, {sizes}){weights}")
     for sample in setup.get("samples", []):
         print(f"data: {sample.data}; tokenizer: {setup['tokenizer'].name}")
 

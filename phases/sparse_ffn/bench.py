@@ -93,7 +93,13 @@ class ModelSpec:
 def resolve_model(name: str, tiny: bool = not ON_GPU) -> ModelSpec:
     """``name``'s config: a local directory or the Hugging Face cache (never the network), else a
     built-in name's published sizes. ``tiny``: shrunk to :data:`TINY` (the CPU's)."""
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError(
+            "--model: BERT and RoBERTa need `transformers` (the project's `hf` dependency group: "
+            "`uv sync --group hf`)"
+        ) from None
 
     try:
         config = transformers.AutoConfig.from_pretrained(name, local_files_only=True)

@@ -115,6 +115,12 @@ def test_models_by_name_from_their_published_sizes_and_tiny_on_the_cpu():
         bench.resolve_model("gpt2")
 
 
+def test_without_transformers_the_model_is_refused_with_the_group_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ValueError, match="^--model: .*`transformers` .*`hf` dependency group"):
+        bench.resolve_model("bert-base-uncased")
+
+
 def test_a_local_model_is_read_with_its_weights_and_other_families_are_refused(tmp_path):
     config = transformers.BertConfig(vocab_size=300, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=24, max_position_embeddings=40)  # fmt: skip
