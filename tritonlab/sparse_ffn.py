@@ -296,7 +296,8 @@ def replace_ffn(model, n_rows: int, layers: int | Iterable[int] | None = None):
     ``layers``: None for all, an index or indices in [0, num_hidden_layers). The parameters are
     shared, so the forward is unchanged, exactly; the backward's dX of those layers keeps the first
     ``n_rows`` flattened (batch·sequence) rows only -- numerically WRONG for training. Calling it
-    again on a replaced model changes n_rows. ``n_rows`` beyond a batch's rows fails at backward.
+    again on a replaced model changes n_rows. ``n_rows`` beyond a batch's rows is a ValueError at the
+    forward (with grad enabled: without it the layers are plain ``F.linear``).
     """
     _check_n_rows(n_rows)
     encoder_layers = _encoder_layers(model)

@@ -75,7 +75,7 @@ def make_parser():
     )  # fmt: skip
     parser.add_argument(
         "--task", nargs="+", default=["sst2"], metavar="TASK",
-        help=f"GLUE task(s) whose rows feed the model, any of {', '.join(TASKS)} (default: %(default)s)",
+        help=f"GLUE task(s) whose rows feed the model, any of {', '.join(TASKS)} (default: sst2)",
     )  # fmt: skip
     data = parser.add_mutually_exclusive_group()
     data.add_argument(
