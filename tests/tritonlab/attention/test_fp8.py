@@ -135,6 +135,15 @@ def test_forward_matches_float64_within_the_fp8_bound(B, H, Lq, Lk, D, dtype):
     check_forward(*model_inputs(B, H, Lq, Lk, D, dtype))
 
 
+@pytest.mark.skipif(GPU, reason="the interpreter's one config; on a GPU the autotuner tries both loaders")
+def test_block_pointer_loads_match_the_tensor_descriptors(monkeypatch):
+    q, k, v = model_inputs(1, 2, 40, 150, 64)
+    o_tma, lse_tma = fp8_forward(q, k, v)
+    monkeypatch.setitem(fp8_module._INTERPRETER_CONFIG, "USE_TMA", False)
+    o, lse = check_forward(q, k, v)
+    assert torch.equal(o, o_tma) and torch.equal(lse, lse_tma)
+
+
 def test_forward_reads_any_strides_and_lays_out_o_as_the_model_reshapes_it():
     B, H, Lq, Lk, D = 1, 2, 19, 23, 64  # D not unit-stride: every other element of a wider tensor
     wide = torch.randn(B, H, Lq + 2 * Lk, 2 * D, device=DEVICE, dtype=torch.bfloat16)
@@ -276,13 +285,31 @@ for bm, bn, warps, stages, loader, dims in _SEARCH_SPACE:
                         "satfinite": "cvt.rn.satfinite.e4m3x2.f32" in ptx,
                         "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
                         "spill_bytes": sum(spills)})
+from tritonlab.attention.fp8 import _QUANTIZE_WARPS, _quantize_kv_kernel
+
+for d in (64, 128):  # the quantisation launch, at both head dims
+    consts = dict(HEAD_DIM=d, BLOCK=KV_BLOCK, EXACT_CAST=False)
+    sig = {n: "i32" for n in _quantize_kv_kernel.arg_names}
+    sig.update(K="*bf16", V="*bf16", K8="*fp8e4nv", V8T="*fp8e4nv", KS="*fp32", VS="*fp32",
+               **{c: "constexpr" for c in consts})
+    out = triton.compile(ASTSource(_quantize_kv_kernel, signature=sig, constexprs=consts),
+                         target=GPUTarget("cuda", 90, 32), options={"num_warps": _QUANTIZE_WARPS})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(out.asm["ptx"])
+        report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(path), "-o", str(path.with_suffix(".cubin"))],
+                                capture_output=True, text=True, check=True).stderr
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    results.append({"config": ["quantize", d], "spill_bytes": sum(spills),
+                    "registers": int(re.search(r"Used (\d+) registers", report).group(1))})
 print(json.dumps(results))
 """
 
 
 def compile_for_sm90(configs: list[list]) -> list[dict]:
-    """Compile the forward for sm_90 in a process without the interpreter (whose kernels cannot be
-    compiled) and read ptxas' report: for each config, its fp8 wgmma, saturating casts, registers, spills."""
+    """Compile the forward (``configs``) and the quantisation launch for sm_90 in a process without
+    the interpreter (whose kernels cannot be compiled) and read ptxas' report: for each, its fp8
+    wgmma and saturating casts (the forward's), registers and spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[3]
     out = subprocess.run(
@@ -293,6 +320,10 @@ def compile_for_sm90(configs: list[list]) -> list[dict]:
 
 
 def assert_fp8_build(results, configs):
+    quantize = [r for r in results if r["config"][0] == "quantize"]
+    assert [r["config"] for r in quantize] == [["quantize", 64], ["quantize", 128]]
+    assert all(r["spill_bytes"] == 0 for r in quantize), quantize
+    results = [r for r in results if r["config"][0] != "quantize"]
     assert [r["config"] for r in results] == configs
     for r in results:
         assert r["wgmma"] and all(w.endswith("e4m3.e4m3") for w in r["wgmma"]), r
