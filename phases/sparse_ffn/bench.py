@@ -2,9 +2,10 @@
 
 - kernel cells (``part`` = "kernel"): the two dX GEMMs of the model's FFN layer at T = batch·seq
   rows, ``intermediate`` (dY (T, FFN) @ W (FFN, H)) and ``output`` (dY (T, H) @ W (H, FFN)), for
-  N rows (a fraction of T, or a row count): ``ours`` (``fixed_slice_matmul``: the slice plus the zero rows, one launch),
-  ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written) and ``cublas-full`` (on all of
-  dY: what the unmodified backward does). Checked against the float32 product of the slice first.
+  N rows (a fraction of T, or a row count): ``ours`` (``fixed_slice_matmul``: the slice plus the
+  zero rows, one launch), ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written) and
+  ``cublas-full`` (on all of dY: what the unmodified backward does). Checked against the float32
+  product of the slice first.
 - model cells (``part`` = "model"): a BERT or RoBERTa sequence classifier (two labels, as the GLUE
   tasks used here have) fed a GLUE task's rows (``data``), ``original`` and ``sliced``
   (``replace_ffn`` with N rows) forward and forward+backward ms of the loss; backward = the
