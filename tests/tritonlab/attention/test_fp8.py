@@ -121,6 +121,71 @@ def test_quantize_kv_zeros_and_outlier_channels():
 # --- the forward against float64 ------------------------------------------------------------------
 
 
+def e4m3(x: torch.Tensor) -> torch.Tensor:
+    """float64 values rounded to e4m3 (torch's cast: nearest even), saturated at ±448."""
+    return x.clamp(-448.0, 448.0).float().to(torch.float8_e4m3fn).double()
+
+
+def quantized(x: torch.Tensor):
+    amax = x.abs().max()
+    scale = amax / 448.0 if amax > 0 else torch.ones((), dtype=torch.float64)
+    return e4m3(x / scale), scale
+
+
+def emulated_fp8_attention(q, k, v, block_m: int, block_n: int):
+    """The FP8 forward's arithmetic as its docstring states it, in float64, tile by tile: Q per
+    block of ``block_m`` rows, K and V per KV_BLOCK keys, P8 = e4m3(448·P), the accumulator in units
+    of the current tile's V scale."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    qk_scale = D**-0.5 * math.log2(math.e)
+    o = torch.empty(B, H, Lq, D, dtype=torch.float64)
+    lse = torch.empty(B, H, Lq, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            kv = [
+                (quantized(k[b, h, j : j + KV_BLOCK].double()), quantized(v[b, h, j : j + KV_BLOCK].double()))
+                for j in range(0, Lk, KV_BLOCK)
+            ]
+            for r in range(0, Lq, block_m):
+                q8, q_scale = quantized(q[b, h, r : r + block_m].double())
+                m = torch.full((q8.shape[0],), -math.inf, dtype=torch.float64)
+                l = torch.zeros_like(m)
+                acc = torch.zeros(q8.shape[0], D, dtype=torch.float64)
+                v_unit = 1.0
+                for j in range(0, Lk, block_n):
+                    (k8, k_scale), (v8, v_scale) = kv[j // KV_BLOCK]
+                    keys = slice(j % KV_BLOCK, j % KV_BLOCK + block_n)
+                    s = q8 @ k8[keys].T
+                    c = qk_scale * q_scale * k_scale
+                    m_new = torch.maximum(m, s.max(1).values * c)
+                    p = torch.exp2(s * c - m_new[:, None])
+                    rescale = torch.exp2(m - m_new)
+                    l = l * rescale + p.sum(1)
+                    acc = acc * (rescale * (v_unit / v_scale))[:, None] + e4m3(p * 448.0) @ v8[keys]
+                    m, v_unit = m_new, v_scale
+                o[b, h, r : r + block_m] = acc * (v_unit / 448.0) / l[:, None]
+                lse[b, h, r : r + block_m] = (m + torch.log2(l)) * math.log(2)
+    return o, lse
+
+
+@pytest.mark.skipif(GPU, reason="the interpreter's fixed tiles; on a GPU the autotuner picks them")
+def test_forward_is_the_stated_fp8_arithmetic_with_scales_varying_per_block():
+    # K and V grow by 10² and 10⁶ along the keys: every block and tile has its own scale, and the
+    # accumulator changes units at every tile. Against float64 this is far from unit variance (not
+    # what ERROR_BOUND covers); against the emulation, only the bf16 output's rounding and rare
+    # e4m3 ties that fp32 and float64 round apart remain.
+    B, H, Lq, Lk, D = 1, 2, 40, 300, 64
+    q, k, v = (t.contiguous() for t in model_inputs(B, H, Lq, Lk, D))
+    k = k * torch.logspace(-1, 1, Lk, device=DEVICE)[:, None].to(k.dtype)
+    v = v * torch.logspace(-3, 3, Lk, device=DEVICE)[:, None].to(v.dtype)
+    o, lse = fp8_forward(q, k, v)
+    cfg = fp8_module._INTERPRETER_CONFIG
+    o_emulated, lse_emulated = emulated_fp8_attention(q, k, v, cfg["BLOCK_M"], cfg["BLOCK_N"])
+    assert rel_err(o, o_emulated) < 1e-2
+    assert (lse.double() - lse_emulated).abs().max().item() < 1e-4
+
+
 @pytest.mark.parametrize(
     ("B", "H", "Lq", "Lk", "D", "dtype"),
     [
