@@ -33,41 +33,38 @@ class Workload:
     shape: str
     dtype: torch.dtype
     kernels: tuple[str, ...]
-    build: Callable[[TNPShape, torch.dtype, torch.device], Callable[[], None]]
+    build: Callable[[TNPShape, torch.dtype, torch.device, bool], Callable[[], None]]
 
     @property
     def name(self) -> str:
         return f"{self.function}@{self.shape}"
 
-    def runner(self, device: torch.device | str = "cuda") -> Callable[[], None]:
-        """A call that runs the workload once on fresh inputs built now (kept by the call)."""
-        return self.build(SHAPES[self.shape], self.dtype, torch.device(device))
+    def runner(self, device: torch.device | str = "cuda", random: bool = True) -> Callable[[], None]:
+        """A call that runs the workload once on inputs built now (kept by the call): random, or
+        uninitialised where only their layouts matter (the sm_80 compile check: random fill of the
+        large shape costs seconds on the CPU)."""
+        return self.build(SHAPES[self.shape], self.dtype, torch.device(device), random)
 
 
-def _tensor(shape, dtype, device, requires_grad=False) -> torch.Tensor:
-    # Random on a GPU (timings on realistic values); uninitialised elsewhere: the sm_80 compile
-    # check only needs the tensors' layouts, and random fill of the large shape costs seconds.
-    if device.type == "cuda":
-        t = torch.randn(shape, dtype=dtype, device=device)
-    else:
-        t = torch.empty(shape, dtype=dtype, device=device)
-    return t.requires_grad_(requires_grad)
+def _tensor(shape, dtype, device, random: bool, requires_grad=False) -> torch.Tensor:
+    make = torch.randn if random else torch.empty
+    return make(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
 
 
 def _attention(fused: bool):
-    def build(shape: TNPShape, dtype, device):
+    def build(shape: TNPShape, dtype, device, random):
         from .attention import attention, fused_attention
 
         fn = fused_attention if fused else attention
         B, H, D = shape.batch, MODEL.n_heads, MODEL.head_dim
         L, M = shape.m_context + shape.n_target, shape.m_context
         # The model's layout: q, k, v are views of (B, L, H·D) projections.
-        q = _tensor((B, L, H, D), dtype, device, True)
-        kv = _tensor((B, M, 2, H, D), dtype, device)
+        q = _tensor((B, L, H, D), dtype, device, random, True)
+        kv = _tensor((B, M, 2, H, D), dtype, device, random)
         k = kv[:, :, 0].transpose(1, 2).detach().requires_grad_()
         v = kv[:, :, 1].transpose(1, 2).detach().requires_grad_()
         q_view = q.transpose(1, 2)
-        do = _tensor((B, H, L, D), dtype, device)
+        do = _tensor((B, H, L, D), dtype, device, random)
 
         def run():
             fn(q_view, k, v).backward(do)
@@ -78,27 +75,27 @@ def _attention(fused: bool):
 
 
 def _mlp(function: str):
-    def build(shape: TNPShape, dtype, device):
+    def build(shape: TNPShape, dtype, device, random):
         from . import mlp
 
         fn = getattr(mlp, function)
-        x = _tensor((shape.tokens, MODEL.d_model), dtype, device)
-        w1 = _tensor((MODEL.d_ff, MODEL.d_model), dtype, device)
-        w2 = _tensor((MODEL.d_model, MODEL.d_ff), dtype, device)
+        x = _tensor((shape.tokens, MODEL.d_model), dtype, device, random)
+        w1 = _tensor((MODEL.d_ff, MODEL.d_model), dtype, device, random)
+        w2 = _tensor((MODEL.d_model, MODEL.d_ff), dtype, device, random)
         # Forward only: the MLP's backward is cuBLAS and one elementwise kernel, none autotuned.
         return lambda: fn(x, w1, w2)
 
     return build
 
 
-def _heads(shape: TNPShape, dtype, device):
+def _heads(shape: TNPShape, dtype, device, random):
     from .grouped_gemm import gmm_heads
 
     T, G = shape.batch * shape.n_target, MODEL.n_components
-    z = _tensor((T, MODEL.d_model), dtype, device, True)
-    w1 = _tensor((G, MODEL.d_head_hidden, MODEL.d_model), dtype, device, True)
-    w2 = _tensor((G, 3, MODEL.d_head_hidden), dtype, device, True)
-    dout = _tensor((T, G, 3), dtype, device)
+    z = _tensor((T, MODEL.d_model), dtype, device, random, True)
+    w1 = _tensor((G, MODEL.d_head_hidden, MODEL.d_model), dtype, device, random, True)
+    w2 = _tensor((G, 3, MODEL.d_head_hidden), dtype, device, random, True)
+    dout = _tensor((T, G, 3), dtype, device, random)
     return lambda: gmm_heads(z, w1, w2).backward(dout)
 
 

@@ -1,0 +1,181 @@
+"""Phase 11's cells.
+
+On a GPU, in this order:
+
+- **tune** (one cell per workload: a public function at a TNP shape, bf16): the workload runs once
+  in this process under ``TRITONLAB_AUTOTUNE=full``, so every registered kernel on its path times
+  its whole (pruned) search space at that bucket; the row names the picks. After the last one,
+  :func:`write_tables` writes ``<gpu>_bf16.json`` into the table directory and, on an H100, the
+  A100's table from it and the committed sm_80 compile results.
+- **compare** (per workload): fresh processes (``probe.py``) with the table (``table``), without
+  any tuning (``off``: each kernel's default) and ``--repeats`` times with a fresh full tune
+  (``full``). The row: each one's median ms, the table's time over the fresh tunes' median (goal:
+  within 2%), the default's, and the distinct picks of the fresh tunes (their spread).
+- **startup** (per ``--startup-shape``): the TransformerNP with our kernels in a fresh process, with
+  the table and with a fresh full tune: the first training step's seconds against a steady step's
+  (goal with the table: within 2x).
+
+Without a GPU: a **smoke** cell per function at the tiny shape (fp32) in Triton's interpreter, and
+the **sm80** cell, which runs the sm_80 compile check (``sm80.py``) in a subprocess without the
+interpreter and writes one row per compiled (kernel, config, bucket).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from common import Cell
+from common.provenance import provenance
+from tritonlab import tuning_tables as tt
+from tritonlab import tuning_workloads
+
+from . import tables
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_GOAL = 2.0  # the first step with the table, in steady steps
+TABLE_GOAL = 1.02  # the table's pick against a fresh full tune
+
+
+def _probe(mode: str, what: list[str], table_dir: Path, timeout: int = 900) -> dict:
+    """One fresh process of ``probe.py``; its JSON line."""
+    env = {**os.environ, tt.ENV_VAR: mode}
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "phases.11_autotune.probe",
+        "--mode",
+        mode,
+        "--tables",
+        str(table_dir),
+        *what,
+    ]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"probe {' '.join(what)} ({mode}) failed: {out.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _pick_text(picks: dict) -> str:
+    return "; ".join(f"{kernel}: {config}" for kernel, config in sorted(picks.items()))
+
+
+def tune_cell(workload, tuned: list) -> Cell:
+    """Run ``workload`` once under a full tune; what it timed goes into ``tuned`` (Tuning, workload)."""
+
+    def run():
+        os.environ[tt.ENV_VAR] = "full"
+        before = len(tt.TUNER.tunings)
+        call = workload.runner("cuda")
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        new = tt.TUNER.tunings[before:]
+        tuned.extend((t, workload.name) for t in new)
+        return {
+            "tune_s": time.perf_counter() - start,
+            "kernels_tuned": len(new),
+            "picks": "; ".join(f"{t.kernel} @ {t.key}: {tt.config_id(t.pick)}" for t in new),
+        }
+
+    return Cell("tune", workload.shape, "bf16", run, {"function": workload.function})
+
+
+def write_tables(tuned: list, table_dir: Path, sm80_path: Path = tables.SM80_RESULTS) -> list[Path]:
+    """Write the tables of this run's tunings (and the A100's from an H100 bf16 table)."""
+    workload_of = {(t.kernel, t.key): name for t, name in tuned}
+    written = []
+    for table in tables.tables_from_tunings([t for t, _ in tuned], provenance(), table_dir, workload_of):
+        written.append(table.save())
+        if table.gpu == "h100" and table.dtype == "bf16":
+            sm80 = tables.load_sm80(sm80_path)
+            if sm80 is not None:
+                a100 = tables.a100_table(table, sm80, tt.TUNER.kernels, "bf16")
+                written.append(a100.save(tt.table_path("a100", "bf16", table_dir)))
+    return written
+
+
+def compare_cell(workload, table_dir: Path, repeats: int) -> Cell:
+    def run():
+        what = ["--workload", workload.name]
+        table = _probe("table", what, table_dir)
+        off = _probe("off", what, table_dir)
+        full = [_probe("full", what, table_dir) for _ in range(repeats)]
+        full_ms = sorted(p["ms"] for p in full)
+        median = full_ms[len(full_ms) // 2]
+        distinct = sorted({_pick_text(p["picks"]) for p in full})
+        return {
+            "ms_table": table["ms"],
+            "ms_off": off["ms"],
+            "ms_full": median,
+            "ms_full_min": full_ms[0],
+            "ms_full_max": full_ms[-1],
+            "table_vs_full": table["ms"] / median,
+            "off_vs_full": off["ms"] / median,
+            "first_s_table": table["first_s"],
+            "first_s_full": sorted(p["first_s"] for p in full)[len(full) // 2],
+            "repeats": repeats,
+            "distinct_full_picks": len(distinct),
+            "picks_table": _pick_text(table["picks"]),
+            "picks_off": _pick_text(off["picks"]),
+            "picks_full": " | ".join(distinct),
+        }
+
+    return Cell("compare", workload.shape, "bf16", run, {"function": workload.function})
+
+
+def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
+    def run():
+        what = ["--model", shape, "--steps", str(steps)]
+        table = _probe("table", what, table_dir, timeout=1800)
+        full = _probe("full", what, table_dir, timeout=1800)
+        return {
+            "first_step_s_table": table["first_step_s"],
+            "first_step_s_full": full["first_step_s"],
+            "steady_ms": table["steady_ms"],
+            "steady_ms_full": full["steady_ms"],
+            "first_vs_steady_table": table["first_step_s"] * 1e3 / table["steady_ms"],
+            "first_vs_steady_full": full["first_step_s"] * 1e3 / full["steady_ms"],
+            "picks_table": _pick_text(table["picks"]),
+        }
+
+    return Cell("startup", shape, "bf16", run, {"function": "TransformerNP"})
+
+
+def smoke_cell(function: str) -> Cell:
+    """One function at the tiny shape in the interpreter (fp32: its bf16 dots are wrong)."""
+
+    def run():
+        (workload,) = tuning_workloads.workloads(["tiny"], (torch.float32,), [function])
+        workload.runner("cpu")()
+        return {}
+
+    return Cell(f"smoke {function}", "tiny", "fp32", run, {"function": function})
+
+
+def sm80_cell(shapes: list[str], out: Path) -> Cell:
+    """The sm_80 compile check in a subprocess without the interpreter; the row of the cell says how
+    many configs compiled and how many are unusable (the per-config results stay in ``out``)."""
+
+    def run():
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        cmd = [sys.executable, "-m", "phases.11_autotune.sm80", "--shape", *shapes, "--out", str(out)]
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise RuntimeError(f"sm_80 compile check failed: {done.stderr.strip().splitlines()[-1:]}")
+        rows = json.loads(out.read_text())["rows"]
+        unusable = sorted({f"{r['kernel']} {r['config']}" for r in rows if not r["usable"]})
+        return {
+            "compiled": len({(r["kernel"], r["key"], r["config"]) for r in rows}),
+            "unusable_pairs": len(unusable),
+            "unusable": "; ".join(unusable),
+            "results_file": str(out),
+        }
+
+    return Cell("sm80", "+".join(shapes), "bf16", run, {"function": "all"})

@@ -1,0 +1,105 @@
+"""One fresh process's view of tuning: what it picks, how long its first call takes, how fast it runs.
+
+    python -m phases.11_autotune.probe --mode table --workload attention@mid
+    python -m phases.11_autotune.probe --mode full --model mid
+
+Phase 11 starts this as a subprocess per measurement, with ``TRITONLAB_AUTOTUNE`` set to ``--mode``,
+so nothing is carried over from an earlier tuning (Triton's in-process caches, our picks and direct
+launches). ``--tables DIR`` reads the tables from DIR. It prints one JSON line, the last line of its
+output:
+
+- ``--workload FN@SHAPE``: ``first_s`` (the first call, with any tuning or lookup, to the GPU being
+  done), ``ms`` (``common.timing.bench`` of later calls, with p20/p80) and ``picks`` (each tuned
+  kernel's config per bucket key met);
+- ``--model SHAPE``: the TransformerNP with our kernels (two-pass attention, staged fused MLP,
+  grouped heads, GMM loss) under bf16 autocast: ``first_step_s`` and ``steady_ms`` (the median of
+  ``--steps`` steps after two warm-up steps), and the picks.
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from tritonlab import tuning_tables, tuning_workloads
+
+
+def picks(kernels) -> dict[str, str]:
+    """Per kernel, the configs its autotuner launched (identity strings, " + "-joined if several keys)."""
+    tuner = tuning_tables.TUNER
+    return {
+        name: " + ".join(sorted({tuning_tables.config_id(c) for c in tuner.kernels[name].cache.values()}))
+        for name in kernels
+        if name in tuner.kernels and tuner.kernels[name].cache
+    }
+
+
+def _seconds(fn) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def probe_workload(name: str) -> dict:
+    from common.timing import bench
+
+    function, shape = name.split("@")
+    (workload,) = tuning_workloads.workloads([shape], functions=[function])
+    run = workload.runner("cuda")
+    first = _seconds(run)
+    timing = bench(run)
+    return {"first_s": first, **timing.as_row(), "picks": picks(workload.kernels)}
+
+
+def probe_model(shape_name: str, steps: int) -> dict:
+    from tritonlab.attention import attention
+    from tritonlab.gmm import gmm_nll
+    from tritonlab.grouped_gemm import gmm_heads
+    from tritonlab.mlp import fused_mlp
+    from tritonlab.models import SHAPES, Components, TNPConfig, build, sample_tasks, train_step
+
+    shape = SHAPES[shape_name]
+    components = Components(attention=attention, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
+    model, optimizer = build(TNPConfig(), components, device="cuda")
+    tasks = sample_tasks(shape.batch, shape.m_context, shape.n_target, device="cuda")
+
+    def step():
+        train_step(model, model.loss, optimizer, tasks, torch.bfloat16)
+
+    first = _seconds(step)
+    for _ in range(2):
+        step()
+    times = sorted(_seconds(step) * 1e3 for _ in range(steps))
+    tuning_workloads.import_kernels()
+    return {
+        "first_step_s": first,
+        "steady_ms": times[len(times) // 2],
+        "picks": picks(list(tuning_tables.TUNER.kernels)),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m phases.11_autotune.probe", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--mode", choices=tuning_tables.MODES, required=True)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--workload", help="FUNCTION@SHAPE, e.g. attention@mid")
+    what.add_argument("--model", choices=tuning_workloads.TNP_SHAPES)
+    parser.add_argument("--steps", type=int, default=10, help="steady steps timed with --model")
+    parser.add_argument("--tables", default=None, help="read tables from this directory")
+    args = parser.parse_args(argv)
+    os.environ[tuning_tables.ENV_VAR] = args.mode
+    if args.tables:
+        tuning_tables.TUNER.table_dir = Path(args.tables)
+    result = probe_workload(args.workload) if args.workload else probe_model(args.model, args.steps)
+    print(json.dumps({"mode": args.mode, **result}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""reports/11_autotune.md: per function and shape, the table's pick against fresh full tunes and the
+untuned default, the spread of the fresh tunes' picks, the first training step with and without the
+table, and the sm_80 compile check behind the A100 table."""
+
+import json
+
+import pandas as pd
+
+from common.report import PhaseReport, Verdict, failures_table, markdown_table, select_latest
+
+from .tables import SM80_RESULTS, sm80_usable
+
+PHASE = "11_autotune"
+TITLE = "11_autotune — tuned configs per GPU and dtype, kept in tables, looked up instead of tuning"
+SHAPE_ORDER = {"tiny": 0, "small": 1, "mid": 2, "large": 3}
+# The table's pick within 2% of a fresh full tune: ms_full / ms_table >= 1 / 1.02.
+TABLE_GOAL = 1 / 1.02
+# The first step with the table within 2x a steady step: steady / first >= 0.5.
+STARTUP_GOAL = 0.5
+COMPARE = ["function", "shape", "ms_table", "ms_full", "ms_full_min", "ms_full_max", "ms_off", "table_vs_full",
+           "off_vs_full", "first_s_table", "first_s_full", "repeats", "distinct_full_picks"]  # fmt: skip
+STARTUP = ["shape", "first_step_s_table", "first_step_s_full", "steady_ms", "steady_ms_full",
+           "first_vs_steady_table", "first_vs_steady_full"]  # fmt: skip
+TUNE = ["function", "shape", "tune_s", "kernels_tuned"]
+
+
+def _latest(df: pd.DataFrame, variant: str, keys: list[str]) -> pd.DataFrame:
+    part = df.loc[(df["variant"] == variant) & (df["status"] == "ok")]
+    if part.empty:
+        return part
+    part = select_latest(part, keys)
+    return part.assign(order=part["shape"].map(SHAPE_ORDER).fillna(9)).sort_values(["order", *keys[1:]])
+
+
+def headline(df: pd.DataFrame) -> list[Verdict]:
+    verdicts = []
+    for _, row in _latest(df, "compare", ["shape", "function"]).iterrows():
+        verdicts.append(Verdict(
+            PHASE, f"{row['function']} @ {row['shape']}: table pick vs fresh full tune", "table",
+            f"median of {int(row['repeats'])} fresh tunes", float(row["ms_full"]) / float(row["ms_table"]),
+            TABLE_GOAL, row["gpu"], row["utc"],
+        ))  # fmt: skip
+    for _, row in _latest(df, "startup", ["shape"]).iterrows():
+        verdicts.append(Verdict(
+            PHASE, f"TransformerNP @ {row['shape']}: first step with the table, in steady steps (inverse)",
+            "first step", "steady step", float(row["steady_ms"]) / (1e3 * float(row["first_step_s_table"])),
+            STARTUP_GOAL, row["gpu"], row["utc"],
+        ))  # fmt: skip
+    return verdicts
+
+
+def sm80_section() -> str:
+    """The committed sm_80 compile results: per kernel, configs compiled and usable on an A100."""
+    try:
+        results = json.loads(SM80_RESULTS.read_text())
+    except (OSError, json.JSONDecodeError):
+        return "_no sm_80 compile results committed_\n"
+    rows = pd.DataFrame(results["rows"])
+    usable = sm80_usable(results)
+    rows["usable_at_key"] = [
+        (k, key, c) in usable for k, key, c in zip(rows["kernel"], rows["key"], rows["config"], strict=True)
+    ]
+    per_kernel = rows.groupby("kernel").agg(
+        compiled=("config", lambda s: len(set(s))),
+        keys=("key", lambda s: len(set(s))),
+    )
+    spills = rows.loc[rows["spill_stores"].fillna(1) > 0]
+    per_kernel["spilling_configs"] = spills.groupby("kernel")["config"].nunique()
+    per_kernel["usable_configs"] = rows.loc[rows["usable_at_key"]].groupby("kernel")["config"].nunique()
+    per_kernel = per_kernel.fillna(0).reset_index()
+    bad = rows.loc[~rows["usable"]].drop_duplicates(["kernel", "config"])
+    return (
+        f"Every config of each kernel's search space an sm_80 GPU can run, compiled for {results['target']} "
+        f"with Triton {results['triton']} at the TransformerNP's shapes (bf16, D = 64); usable: compiles, "
+        f"spills nothing, at most {results['shared_limit_bytes']} B of shared memory. Not timed: no A100 is "
+        f"lent here.\n\n"
+        + markdown_table(per_kernel)
+        + "\n\nConfigs that are not usable (spill bytes stored/loaded, shared memory):\n\n"
+        + markdown_table(
+            bad, ["kernel", "config", "registers", "spill_stores", "spill_loads", "shared_bytes", "error"]
+        )
+    )
+
+
+def render(df: pd.DataFrame, fig) -> str:
+    parts = []
+    compare = _latest(df, "compare", ["shape", "function"])
+    if not compare.empty:
+        parts += [
+            "## The table's pick against fresh full tunes and the untuned default\n\n"
+            "Each time is the workload (forward and, where tuned, backward) in its own fresh process; "
+            "`table_vs_full` is the table's time over the fresh tunes' median (goal ≤ 1.02), "
+            "`distinct_full_picks` how many different pick sets the fresh tunes made.\n",
+            markdown_table(compare, COMPARE),
+            "\n### Picks\n",
+            markdown_table(compare, ["function", "shape", "picks_table", "picks_full"]),
+        ]
+    startup = _latest(df, "startup", ["shape"])
+    if not startup.empty:
+        parts += [
+            "\n## The first training step, with and without the table\n\n"
+            "The TransformerNP with our kernels (two-pass attention, staged MLP, grouped heads, GMM loss), "
+            "bf16 autocast, in a fresh process (goal with the table: the first step ≤ 2 steady steps).\n",
+            markdown_table(startup, STARTUP),
+        ]
+    tune = _latest(df, "tune", ["shape", "function"])
+    if not tune.empty:
+        parts += ["\n## Tuning runs that wrote the tables\n", markdown_table(tune, [*TUNE, "picks"])]
+    parts += ["\n## The A100: the sm_80 compile check\n\n", sm80_section()]
+    return "\n".join(parts) + failures_table(df)
+
+
+REPORT = PhaseReport(PHASE, TITLE, render, headline)

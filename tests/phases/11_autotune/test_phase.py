@@ -1,0 +1,157 @@
+"""Phase 11's command line, table building (the H100's from tunings, the A100's from the sm_80 compile
+check), the committed sm_80 results, and the report's verdicts from GPU-like rows."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import triton
+
+from common.provenance import REPO_ROOT
+from common.report import Figures
+from phases.__main__ import phase_module
+from tritonlab import tuning_tables as tt
+
+GPU = "NVIDIA H100 80GB HBM3"
+FAST, SLOW, OTHER = (triton.Config({"BLOCK": b}, num_warps=4) for b in (64, 128, 32))
+PROVENANCE = {
+    "gpu": GPU,
+    "triton": "3.6.0",
+    "torch": "2.11.0",
+    "cuda": "13.0",
+    "git_commit": "abc",
+    "utc": "now",
+}
+
+
+@pytest.mark.parametrize("argv", [["--repeats", "0"], ["--functions", "nope"], ["--tasks", "nope"]])
+def test_cli_rejects_bad_input(argv, capsys):
+    main = phase_module("11", "__main__")
+    with pytest.raises(SystemExit) as err:
+        main.parse_args(argv)
+    assert err.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def _tuning(key, pick=FAST, kernel="toy.k"):
+    timings = {tt.config_id(FAST): 1.0, tt.config_id(SLOW): 1.5, tt.config_id(OTHER): float("inf")}
+    configs = {tt.config_id(c): c for c in (FAST, SLOW, OTHER)}
+    return tt.Tuning(kernel, key, "h100", "bf16", pick, timings, configs, 2.0)
+
+
+def test_tunings_become_entries_merged_into_the_table_there(tmp_path):
+    tables = phase_module("11", "tables")
+    old = tt.ConfigTable("h100", "bf16", path=tt.table_path("h100", "bf16", tmp_path))
+    old.put("toy.other", "K", {"config": tt.config_to_json(SLOW), "status": tt.TIMED})
+    old.save()
+    (table,) = tables.tables_from_tunings(
+        [_tuning("N=64")], PROVENANCE, tmp_path, {("toy.k", "N=64"): "toy@small"}
+    )
+    entry = table.entry("toy.k", "N=64")
+    assert entry["status"] == tt.TIMED and (entry["ms"], entry["runner_up_ms"]) == (1.0, 1.5)
+    assert entry["workload"] == "toy@small" and entry["git_commit"] == "abc" and entry["triton"] == "3.6.0"
+    assert tt.config_id(entry["config"]) == tt.config_id(FAST)
+    assert table.entry("toy.other", "K") is not None  # kept
+    loaded = tt.ConfigTable.load(table.save())
+    assert loaded.meta["device_name"] == GPU and loaded.entry("toy.k", "N=64") == json.loads(
+        json.dumps(entry)
+    )
+
+
+class _Kernel:
+    configs = (FAST, SLOW, OTHER)
+
+    def config_named(self, identity):
+        return {tt.config_id(c): c for c in self.configs}.get(identity)
+
+
+def _sm80(usable: dict) -> dict:
+    rows = [
+        {"kernel": "toy.k", "key": key, "config": tt.config_id(c), "usable": ok, "registers": 100,
+         "spill_stores": 0 if ok else 8, "spill_loads": 0 if ok else 8, "shared_bytes": 1024, "error": ""}
+        for key, per_config in usable.items() for c, ok in per_config
+    ]  # fmt: skip
+    return {"target": "sm_80", "rows": rows}
+
+
+def test_the_a100_table_takes_the_fastest_usable_config_and_says_it_is_not_timed(tmp_path):
+    tables = phase_module("11", "tables")
+    (h100,) = tables.tables_from_tunings(
+        [_tuning("A"), _tuning("B"), _tuning("C"), _tuning("D")], PROVENANCE, tmp_path
+    )
+    sm80 = _sm80({
+        "A": [(FAST, False), (SLOW, True), (OTHER, True)],  # the H100's pick spills: the runner-up
+        "B": [(FAST, True), (SLOW, True)],  # the H100's pick
+        "C": [(FAST, False), (SLOW, False), (OTHER, True)],  # only an untimed (failed) one is usable
+        "D": [(FAST, False), (SLOW, False), (OTHER, False)],  # none: no entry, the A100 tunes
+    })  # fmt: skip
+    a100 = tables.a100_table(h100, sm80, {"toy.k": _Kernel()}, "bf16")
+    picks = {key: tt.config_id(e["config"]) for key, e in a100.entries["toy.k"].items()}
+    assert picks == {"A": tt.config_id(SLOW), "B": tt.config_id(FAST), "C": tt.config_id(OTHER)}
+    assert all(
+        e["status"] == tt.COMPILED_NOT_TIMED and e["ms"] is None for e in a100.entries["toy.k"].values()
+    )
+    assert (
+        a100.entries["toy.k"]["A"]["h100_ms"] == 1.5
+        and a100.entries["toy.k"]["A"]["sm80"]["spill_stores"] == 0
+    )
+    assert a100.gpu == "a100"
+
+
+# The GPU's search spaces, as a process without the interpreter registers them (the interpreter's
+# kernels have one small config each).
+_SPACES = """
+import json
+from tritonlab import tuning_tables as tt, tuning_workloads as tw
+tw.import_kernels()
+tuned = {k for w in tw.workloads() for k in w.kernels}
+print(json.dumps({n: [[tt.config_id(c), k.spec.runs_on_sm80(c)] for c in k.configs]
+                  for n, k in tt.TUNER.kernels.items() if n in tuned}))
+"""
+
+
+def test_the_committed_sm80_results_cover_every_runnable_config_and_no_other():
+    tables = phase_module("11", "tables")
+    results = json.loads(tables.SM80_RESULTS.read_text())
+    assert results["target"] == "sm_80" and results["shared_limit_bytes"] == 163 * 1024
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "-c", _SPACES], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    spaces = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = {(r["kernel"], r["config"]) for r in results["rows"]}
+    for name, configs in spaces.items():
+        runnable = {cid for cid, on_sm80 in configs if on_sm80}
+        assert {c for k, c in seen if k == name} == runnable, (
+            f"{name}: compiled configs differ from its space"
+        )
+    for row in results["rows"]:
+        usable = not row["error"] and row["spill_stores"] == 0 and row["spill_loads"] == 0
+        assert row["usable"] == (usable and row["shared_bytes"] <= results["shared_limit_bytes"])
+
+
+def _rows():
+    base = {"gpu": GPU, "status": "ok", "dtype": "bf16", "utc": "2026-11-25T00:00:00Z", "run_group": "g"}
+    return pd.DataFrame([
+        {**base, "variant": "compare", "shape": "mid", "function": "attention", "ms_table": 1.01, "ms_full": 1.0,
+         "ms_full_min": 0.99, "ms_full_max": 1.02, "ms_off": 1.3, "table_vs_full": 1.01, "off_vs_full": 1.3,
+         "first_s_table": 0.5, "first_s_full": 9.0, "repeats": 5, "distinct_full_picks": 2,
+         "picks_table": "a: x", "picks_full": "a: x | a: y"},
+        {**base, "variant": "startup", "shape": "mid", "function": "TransformerNP", "first_step_s_table": 0.3,
+         "first_step_s_full": 60.0, "steady_ms": 100.0, "steady_ms_full": 100.0, "first_vs_steady_table": 3.0,
+         "first_vs_steady_full": 600.0},
+    ])  # fmt: skip
+
+
+def test_the_report_gives_a_verdict_per_compare_and_startup_cell(tmp_path):
+    report = phase_module("11", "report")
+    verdicts = {v.cell: v for v in report.headline(_rows())}
+    table = verdicts["attention @ mid: table pick vs fresh full tune"]
+    assert table.ratio == pytest.approx(1 / 1.01) and table.verdict() == "met"
+    startup = next(v for cell, v in verdicts.items() if cell.startswith("TransformerNP @ mid"))
+    assert startup.ratio == pytest.approx(1 / 3) and startup.verdict().startswith("missed")
+    text = report.render(_rows(), Figures("11_autotune", tmp_path, GPU))
+    assert "table_vs_full" in text and "first_vs_steady_table" in text and "sm_80" in text
