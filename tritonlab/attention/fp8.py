@@ -35,9 +35,10 @@ the exponentials (one per score, as in bf16) and the amax/convert of each Q tile
 **Accuracy.** e4m3 keeps 3 mantissa bits (relative rounding ≤ 2⁻⁴): the scores carry the rounding
 of Q and K, the output that of P and V, and these do not average out (O shrinks with the keys as
 its error does). Against a float64 reference, unit-variance inputs give a relative Frobenius error
-of O of 4–6% in the interpreter's exact emulation (bf16: ~0.3%), and lse within 0.07; the tests
-hold the kernel to ``ERROR_BOUND`` and ``LSE_BOUND``. The backward is the bf16 two-pass backward of
-``backward.py``, recomputing P from the bf16 inputs and this forward's lse.
+of O of 4–6% in the interpreter's exact emulation (phase 02's kernel in fp16: 0.03%), and lse
+within 0.07; the tests hold the kernel to ``ERROR_BOUND`` and ``LSE_BOUND``. The backward is the
+bf16 two-pass backward of ``backward.py``, recomputing P from the bf16 inputs and this forward's
+lse (dQ, dK, dV within ``GRAD_BOUND``).
 
 **Where it runs.** FP8 needs compute capability ≥ 8.9 (``supports_fp8``). Elsewhere -- an A100, the
 CPU -- ``fp8_attention`` and ``fp8_attention_forward`` run the bf16 kernels of ``forward.py`` and
