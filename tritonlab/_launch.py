@@ -19,6 +19,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 
 from ._runtime import INTERPRET
+from .tuning_tables import TUNER, Tuner
 
 
 def _descriptor_scratch(size: int, alignment: int, stream):
@@ -96,9 +97,14 @@ class LaunchCache:
     from each launch (the config, the compiler's report).
     """
 
-    def __init__(self, tune):
+    def __init__(self, tune, tuner: Tuner | None = None):
         self._tune = tune
         self._launches: dict = {}
+        # Its launches hold tuned picks: the tuning state forgets them with its own (Tuner.forget).
+        (tuner or TUNER).launch_caches.append(self)
+
+    def clear(self) -> None:
+        self._launches.clear()
 
     def launch(self, key, tensors: tuple, *tune_args):
         launch = self._launches.get(key)

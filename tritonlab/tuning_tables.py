@@ -241,6 +241,9 @@ class Tuner:
         # A tool that wants each launch's arguments instead of the launch (the sm_80 compile check):
         # called as intercept(autotuner, args, kwargs), its return value is the launch's.
         self.intercept: Callable | None = None
+        # Direct-launch caches (tritonlab._launch.LaunchCache), which keep the compiled pick per call
+        # signature: forgotten with the picks.
+        self.launch_caches: list = []
         self._tables: dict[tuple[str, str], ConfigTable | None] = {}
         self._said: set = set()
 
@@ -251,8 +254,10 @@ class Tuner:
         self.kernels[name] = kernel
 
     def forget(self) -> None:
-        """Drop every pick and every autotuner's cache (the tables stay registered, re-read lazily):
-        the next launch of each bucket resolves again. For measurements of tuning and for tests."""
+        """Drop every pick, every autotuner's cache and every direct launch (tables are re-read
+        lazily): the next launch of each bucket resolves again. For measurements and tests."""
+        for cache in self.launch_caches:
+            cache.clear()
         self.picks.clear()
         self.tunings.clear()
         self._tables.clear()

@@ -33,14 +33,15 @@ class Workload:
     shape: str
     dtype: torch.dtype
     kernels: tuple[str, ...]
-    build: Callable[[TNPShape, torch.dtype, torch.device, bool], Callable[[], None]]
+    build: Callable[[TNPShape, torch.dtype, torch.device, bool], Callable[[], tuple]]
 
     @property
     def name(self) -> str:
         return f"{self.function}@{self.shape}"
 
-    def runner(self, device: torch.device | str = "cuda", random: bool = True) -> Callable[[], None]:
-        """A call that runs the workload once on inputs built now (kept by the call): random, or
+    def runner(self, device: torch.device | str = "cuda", random: bool = True) -> Callable[[], tuple]:
+        """A call that runs the workload once on inputs built now (kept by the call) and returns its
+        output and input gradients (the MLP: its output); the inputs are random, or
         uninitialised where only their layouts matter (the sm_80 compile check: random fill of the
         large shape costs seconds on the CPU)."""
         return self.build(SHAPES[self.shape], self.dtype, torch.device(device), random)
@@ -67,7 +68,10 @@ def _attention(fused: bool):
         do = _tensor((B, H, L, D), dtype, device, random)
 
         def run():
-            fn(q_view, k, v).backward(do)
+            q.grad = k.grad = v.grad = None
+            o = fn(q_view, k, v)
+            o.backward(do)
+            return o.detach(), q.grad, k.grad, v.grad
 
         return run
 
@@ -83,7 +87,7 @@ def _mlp(function: str):
         w1 = _tensor((MODEL.d_ff, MODEL.d_model), dtype, device, random)
         w2 = _tensor((MODEL.d_model, MODEL.d_ff), dtype, device, random)
         # Forward only: the MLP's backward is cuBLAS and one elementwise kernel, none autotuned.
-        return lambda: fn(x, w1, w2)
+        return lambda: (fn(x, w1, w2),)
 
     return build
 
@@ -96,7 +100,14 @@ def _heads(shape: TNPShape, dtype, device, random):
     w1 = _tensor((G, MODEL.d_head_hidden, MODEL.d_model), dtype, device, random, True)
     w2 = _tensor((G, 3, MODEL.d_head_hidden), dtype, device, random, True)
     dout = _tensor((T, G, 3), dtype, device, random)
-    return lambda: gmm_heads(z, w1, w2).backward(dout)
+
+    def run():
+        z.grad = w1.grad = w2.grad = None
+        out = gmm_heads(z, w1, w2)
+        out.backward(dout)
+        return out.detach(), z.grad, w1.grad, w2.grad
+
+    return run
 
 
 # Per public function: the kernels it tunes and how to run it.

@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 
 from tritonlab import tuning_tables as tt
+from tritonlab import tuning_workloads
+from tritonlab._launch import LaunchCache
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -207,3 +209,47 @@ def test_every_library_kernel_is_registered():
     assert expected <= names
     for kernel in tt.TUNER.kernels.values():
         assert kernel.spec.phase and set(kernel.spec.key) <= set(kernel.arg_names)
+
+
+def test_forget_drops_picks_and_direct_launches(tmp_path, monkeypatch):
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
+    toy = Toy(tmp_path)
+    cache = LaunchCache(lambda tensors: ("compiled", (1, 1, 1), (), "config"), tuner=toy.tuner)
+    assert cache.launch("signature", ()) == "config"  # a first launch: tuned and kept
+    toy(100)
+    assert toy.tuner.picks and cache._launches
+    toy.tuner.forget()
+    assert not toy.tuner.picks and not cache._launches and not toy.kernel.cache
+    toy(100)
+    assert len(toy.timed) == 4  # tuned again
+
+
+# --- on a GPU: a launch from the table computes what the autotuned launch computed ---------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("function", list(tuning_workloads.FUNCTIONS))
+def test_a_table_launch_matches_the_autotuned_path_on_gpu(function, tmp_path, monkeypatch):
+    tuner = tt.TUNER
+    (workload,) = tuning_workloads.workloads(["small"], functions=[function])
+    monkeypatch.setenv(tt.ENV_VAR, "full")
+    tuner.forget()
+    torch.manual_seed(0)
+    run = workload.runner("cuda")
+    tuned = [t.clone() for t in run()]
+    assert {t.kernel for t in tuner.tunings} == set(workload.kernels)
+    tables: dict = {}
+    for t in tuner.tunings:
+        table = tables.setdefault((t.gpu, t.dtype), tt.ConfigTable(t.gpu, t.dtype))
+        table.put(t.kernel, t.key, {"config": tt.config_to_json(t.pick), "status": tt.TIMED})
+    for table in tables.values():
+        table.save(tt.table_path(table.gpu, table.dtype, tmp_path))
+
+    tuner.forget()
+    monkeypatch.setattr(tuner, "table_dir", tmp_path)
+    monkeypatch.setenv(tt.ENV_VAR, "table")
+    again = run()
+    assert tuner.tunings == []  # every config came from the table: nothing was timed
+    for before, after in zip(tuned, again, strict=True):
+        assert torch.equal(before, after)
+    tuner.forget()
