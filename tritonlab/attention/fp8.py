@@ -36,9 +36,9 @@ the exponentials (one per score, as in bf16) and the amax/convert of each Q tile
 of Q and K, the output that of P and V, and these do not average out (O shrinks with the keys as
 its error does). Against a float64 reference, unit-variance inputs give a relative Frobenius error
 of O of 4–6% in the interpreter's exact emulation (phase 02's kernel in fp16: 0.03%), and lse
-within 0.07; the tests hold the kernel to ``ERROR_BOUND`` and ``LSE_BOUND``. The backward is the
-bf16 two-pass backward of ``backward.py``, recomputing P from the bf16 inputs and this forward's
-lse (dQ, dK, dV within ``GRAD_BOUND``).
+within 0.16 (one key, 8 000 rows); the tests hold the kernel to ``ERROR_BOUND`` and
+``LSE_BOUND``. The backward is the bf16 two-pass backward of ``backward.py``, recomputing P from
+the bf16 inputs and this forward's lse (dQ, dK, dV within ``GRAD_BOUND``).
 
 **Where it runs.** FP8 needs compute capability ≥ 8.9 (``supports_fp8``). Elsewhere -- an A100, the
 CPU -- ``fp8_attention`` and ``fp8_attention_forward`` run the bf16 kernels of ``forward.py`` and
@@ -86,10 +86,11 @@ MIN_CAPABILITY = (8, 9)
 _E4M3_MAX = tl.constexpr(FP8_MAX)  # 448, as the kernels see it
 # What the tests and phase 05 hold the FP8 attention to against float64, for inputs of unit
 # variance: the relative Frobenius error of O (measured: 4-6%; e4m3 rounds P and V by up to 2**-4
-# each), the largest absolute error of lse (measured: up to 0.07, from the rounding of Q and K), and
-# the relative Frobenius error of dQ, dK, dV from the bf16 backward (measured: 0.7-2.6%).
+# each), the largest absolute error of lse (from the rounding of Q and K; worst with one key, where
+# lse is one score: rms 0.037, largest 0.16 over 8 000 rows; 0.026 at 1 000 keys), and the relative
+# Frobenius error of dQ, dK, dV from the bf16 backward (measured: 0.7-2.6%).
 ERROR_BOUND = 0.08
-LSE_BOUND = 0.15
+LSE_BOUND = 0.25
 GRAD_BOUND = 0.05
 
 
