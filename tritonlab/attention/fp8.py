@@ -61,6 +61,7 @@ from .._launch import LaunchCache, autotune_for_launch, constexpr_tail, signatur
 from .._runtime import INTERPRET
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, _round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures
+from ..tuning_tables import autotune
 from ._common import (
     LOG2E,
     check_qkv,
@@ -315,12 +316,16 @@ def _prune(configs, named_args, **kwargs):
     return kept or smallest(usable or configs, "BLOCK_M", "BLOCK_N")
 
 
-_fwd_autotuned = triton.autotune(
+_fwd_autotuned = autotune(
     [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": loader == "tma"}, num_warps=w, num_stages=st)
         for bm, bn, w, st, loader, _ in _SEARCH_SPACE
     ],
+    name="attention.fp8_forward",
+    phase="05_fp8_attn",
     key=["LQ_BUCKET", "LK_BUCKET", "HEAD_DIM"],
+    dtype_arg="Q",
+    runs_on_sm80=lambda config: False,  # e4m3 tensor cores need sm_89 or later
     prune_configs_by={"early_config_prune": _prune},
     do_bench=tuning_bench,
 )(_fp8_fwd_kernel)

@@ -399,6 +399,14 @@ def assert_fp8_build(results, configs):
 needs_ptxas = pytest.mark.skipif(not PTXAS.exists(), reason="needs Triton's bundled ptxas")
 
 
+def test_the_forward_is_tuned_through_the_config_tables_and_never_on_an_a100():
+    from tritonlab.tuning_tables import TUNER
+
+    spec = TUNER.kernels["attention.fp8_forward"].spec
+    assert spec.phase == "05_fp8_attn" and spec.dtype_arg == "Q"
+    assert not any(spec.runs_on_sm80(c) for c in TUNER.kernels["attention.fp8_forward"].configs)
+
+
 @needs_ptxas
 def test_the_headline_configs_build_for_sm90_with_e4m3_wgmma_and_no_spills():
     configs = [[128, 128, 8, 3, "tma", 64], [128, 64, 8, 3, "tma", 128]]
