@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tritonlab.models import SHAPES, resolve_shape
 from tritonlab.testing import DTYPES
 from tritonlab.tuning import ConfigRecord
+from tritonlab.tuning_workloads import SWEEP_LK, SWEEP_QUERY_ROWS  # the sweep the tables are tuned at too
 
 from .cli import parse_phase_args, phase_parser, phase_run, refuse_bf16_on_cpu
 from .device import DEVICE, ON_GPU
@@ -45,12 +46,8 @@ from .timing import graph_replay
 HEADS, HEAD_DIM = 8, 64
 TNP_SHAPES = tuple(SHAPES)  # small, mid, large, tiny
 GPU_SHAPES = ("small", "mid", "large")
-SWEEP_LK = (1_000, 3_000, 10_000, 30_000, 100_000, 200_000)
 CPU_SWEEP_LK = (40, 90)
 CPU_MAX_LK = 1_000  # the interpreter's limit for --sweep-lk
-# The sweep keeps B·H·Lq near the large shape's 8 × 205 000 query rows, so every point fills the
-# GPU and the work grows linearly with Lk; H stays 8 and B absorbs the rest.
-SWEEP_QUERY_ROWS = 8 * 220_000
 TOLERANCE = 1e-2  # max abs error of the output against SDPA
 GRAD_TOLERANCE = 3e-2  # max abs error of dq, dk, dv relative to the largest SDPA gradient
 DTYPE_NAMES = ("bf16", "fp16", "fp32")

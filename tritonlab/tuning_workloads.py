@@ -8,7 +8,8 @@ the same workloads with every launch intercepted, to compile each config for tha
 
 The shapes: the TransformerNP's small, mid and large (as the model calls each kernel: attention
 over B·8 heads of D = 64 with M + N queries and M keys, the MLP over B·(M+N) tokens, the heads over
-B·N targets), which are also the benchmark shapes of phases 02-07 and 12.
+B·N targets), which are also the benchmark shapes of phases 02-07 and 12; and the attention phases'
+sweep over key lengths (``SWEEP_SHAPES``, attention only).
 """
 
 from __future__ import annotations
@@ -23,6 +24,21 @@ from .models.tnp import TNPConfig
 
 TNP_SHAPES = ("small", "mid", "large")
 MODEL = TNPConfig()
+# Phases 02-04's attention sweep over key lengths (``--sweep-lk``): Lq = 1.1 Lk, B·H·Lq kept near the
+# large shape's 8 × 220 000 query rows so every point fills the GPU.
+SWEEP_LK = (1_000, 3_000, 10_000, 30_000, 100_000, 200_000)
+SWEEP_QUERY_ROWS = 8 * 220_000
+
+
+def sweep_shape(lk: int, query_rows: int = SWEEP_QUERY_ROWS) -> TNPShape:
+    """A sweep point as a TNP shape: M = Lk context points, N = Lq - Lk targets, B batches of 8 heads."""
+    lq = round(1.1 * lk)
+    return TNPShape(f"sweep-Lk{lk}", lk, lq - lk, max(1, round(query_rows / (MODEL.n_heads * lq))))
+
+
+SWEEP_SHAPES = {shape.name: shape for shape in map(sweep_shape, SWEEP_LK)}
+# The sweep measures attention alone.
+SWEEP_FUNCTIONS = ("attention", "fused_attention")
 
 
 @dataclass(frozen=True)
@@ -44,7 +60,8 @@ class Workload:
         output and input gradients (the MLP: its output); the inputs are random, or
         uninitialised where only their layouts matter (the sm_80 compile check: random fill of the
         large shape costs seconds on the CPU)."""
-        return self.build(SHAPES[self.shape], self.dtype, torch.device(device), random)
+        shape = SWEEP_SHAPES.get(self.shape) or SHAPES[self.shape]
+        return self.build(shape, self.dtype, torch.device(device), random)
 
 
 def _tensor(shape, dtype, device, random: bool, requires_grad=False) -> torch.Tensor:
@@ -52,11 +69,13 @@ def _tensor(shape, dtype, device, random: bool, requires_grad=False) -> torch.Te
     return make(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
 
 
-def _attention(fused: bool):
-    def build(shape: TNPShape, dtype, device, random):
-        from .attention import attention, fused_attention
+def _attention(function: str):
+    """``tritonlab.attention.<function>`` (q, k, v) -> o, forward and backward."""
 
-        fn = fused_attention if fused else attention
+    def build(shape: TNPShape, dtype, device, random):
+        from . import attention
+
+        fn = getattr(attention, function)
         B, H, D = shape.batch, MODEL.n_heads, MODEL.head_dim
         L, M = shape.m_context + shape.n_target, shape.m_context
         # The model's layout: q, k, v are views of (B, L, H·D) projections.
@@ -112,8 +131,8 @@ def _heads(shape: TNPShape, dtype, device, random):
 
 # Per public function: the kernels it tunes and how to run it.
 FUNCTIONS: dict[str, tuple[tuple[str, ...], Callable]] = {
-    "attention": (("attention.forward", "attention.dkdv", "attention.dq"), _attention(fused=False)),
-    "fused_attention": (("attention.forward", "attention.fused_backward"), _attention(fused=True)),
+    "attention": (("attention.forward", "attention.dkdv", "attention.dq"), _attention("attention")),
+    "fused_attention": (("attention.forward", "attention.fused_backward"), _attention("fused_attention")),
     "fused_mlp": (("mlp.staged_forward",), _mlp("fused_mlp")),
     "fused_mlp_in_registers": (("mlp.register_forward",), _mlp("fused_mlp_in_registers")),
     "gemm_silu_mlp": (("mlp.gemm_silu",), _mlp("gemm_silu_mlp")),
@@ -122,15 +141,20 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], Callable]] = {
 
 
 def workloads(shapes=TNP_SHAPES, dtypes=(torch.bfloat16,), functions=tuple(FUNCTIONS)) -> list[Workload]:
-    """Every function at every shape and dtype (the tables' bf16 by default), in that order."""
+    """Every function at every shape and dtype (the tables' bf16 by default), in that order; the
+    sweep's shapes (``SWEEP_SHAPES``) only for the attention functions."""
     unknown = [f for f in functions if f not in FUNCTIONS]
     if unknown:
         raise ValueError(f"functions: unknown {unknown}; expected some of {', '.join(FUNCTIONS)}")
-    bad = [s for s in shapes if s not in SHAPES]
+    bad = [s for s in shapes if s not in SHAPES and s not in SWEEP_SHAPES]
     if bad:
-        raise ValueError(f"shapes: unknown {bad}; expected some of {', '.join(SHAPES)}")
+        raise ValueError(f"shapes: unknown {bad}; expected some of {', '.join([*SHAPES, *SWEEP_SHAPES])}")
     return [
-        Workload(fn, shape, dtype, *FUNCTIONS[fn]) for dtype in dtypes for shape in shapes for fn in functions
+        Workload(fn, shape, dtype, *FUNCTIONS[fn])
+        for dtype in dtypes
+        for shape in shapes
+        for fn in functions
+        if shape not in SWEEP_SHAPES or fn in SWEEP_FUNCTIONS
     ]
 
 

@@ -3,6 +3,7 @@
     python -m phases 11                                   # on a GPU: tune, write tables, compare, startup
     python -m phases 11 --tasks tune                      # only tune and write the tables
     python -m phases 11 --functions attention --shape mid --repeats 3
+    python -m phases 11 --tasks tune --shape sweep-Lk1000 sweep-Lk30000   # 02-04's sweep (attention)
     python -m phases 11                                   # without a GPU: the interpreter smoke and the
                                                           # sm_80 compile check (rows to out/cpu)
 
@@ -36,7 +37,7 @@ def parse_args(argv=None):
     parser = phase_parser(
         PHASE,
         __doc__.strip().splitlines()[0],
-        shapes=("tiny", *tuning_workloads.TNP_SHAPES),
+        shapes=("tiny", *tuning_workloads.TNP_SHAPES, *tuning_workloads.SWEEP_SHAPES),
         gpu_shapes=tuning_workloads.TNP_SHAPES,
     )
     choices_argument(parser, "--tasks", list(TASKS), "TASK", what="GPU tasks, in this order")

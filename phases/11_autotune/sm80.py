@@ -1,6 +1,6 @@
 """The A100 check: every config an A100 table could hold, compiled for sm_80 on this machine.
 
-    python -m phases.11_autotune.sm80 [--shape small mid large] [--out FILE]
+    python -m phases.11_autotune.sm80 [--shape SHAPE ...] [--out FILE]
 
 No GPU is needed (nor used): Triton compiles for any target. Each workload of
 ``tritonlab.tuning_workloads`` (bf16, the model's head dim) runs with every autotuned launch
@@ -156,7 +156,7 @@ class Sm80Check:
         )
 
 
-def run_check(shapes=tuning_workloads.TNP_SHAPES) -> dict:
+def run_check(shapes) -> dict:
     """Compile every sm_80-runnable config at ``shapes``; the results file's contents."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("the sm_80 compile check needs TRITON_INTERPRET unset: it compiles real kernels")
@@ -214,11 +214,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m phases.11_autotune.sm80", description=__doc__.splitlines()[0]
     )
+    every = [*tuning_workloads.TNP_SHAPES, *tuning_workloads.SWEEP_SHAPES]
     parser.add_argument(
         "--shape",
         nargs="+",
-        default=list(tuning_workloads.TNP_SHAPES),
-        choices=["tiny", "small", "mid", "large"],
+        default=every,
+        choices=["tiny", *every],
+        help="shapes to compile at (default: the TNP's small, mid, large and the attention sweep)",
     )
     parser.add_argument(
         "--out", type=Path, default=SM80_RESULTS, help="the results file (default: %(default)s)"
