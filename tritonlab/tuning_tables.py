@@ -221,7 +221,6 @@ class Tuning:
     dtype: str
     pick: triton.Config
     timings: dict[str, float]
-    configs: dict[str, triton.Config]
     seconds: float
 
 
@@ -412,9 +411,8 @@ class TableAutotuner(Autotuner):
         if timed is not None and triton_key in self.cache:
             timings = {config_id(c): float(t[0] if isinstance(t, list | tuple) else t)
                        for c, t in getattr(self, "configs_timings", {}).items()}  # fmt: skip
-            configs = {config_id(c): c for c in getattr(self, "configs_timings", {})}
             self.tuner.note_tuned(
-                Tuning(self.spec.name, *timed, self.cache[triton_key], timings, configs,
+                Tuning(self.spec.name, *timed, self.cache[triton_key], timings,
                        getattr(self, "bench_time", 0.0))
             )  # fmt: skip
         return result

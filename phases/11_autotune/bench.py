@@ -37,8 +37,6 @@ from tritonlab import tuning_workloads
 from . import tables
 
 REPO = Path(__file__).resolve().parents[2]
-STARTUP_GOAL = 2.0  # the first step with the table, in steady steps
-TABLE_GOAL = 1.02  # the table's pick against a fresh full tune
 
 
 def _probe(mode: str, what: list[str], table_dir: Path, timeout: int = 900) -> dict:

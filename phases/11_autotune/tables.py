@@ -13,6 +13,7 @@
 
 import json
 import logging
+import math
 from pathlib import Path
 
 from tritonlab import tuning_tables as tt
@@ -42,13 +43,15 @@ def tables_from_tunings(tunings, provenance: dict, table_dir: Path, workload_of:
         if table is None:
             table = tables[tuning.gpu, tuning.dtype] = _existing(tuning.gpu, tuning.dtype, table_dir)
         table.meta.update(device_name=provenance.get("gpu", ""))
-        ranked = sorted((ms, cid) for cid, ms in tuning.timings.items())
+        # Candidates that failed to compile or run time as inf: null in the file (JSON has no inf).
+        ranked = sorted((ms, cid) for cid, ms in tuning.timings.items() if math.isfinite(ms))
+        failed = {cid: None for cid, ms in tuning.timings.items() if not math.isfinite(ms)}
         table.put(tuning.kernel, tuning.key, {
             "config": tt.config_to_json(tuning.pick),
             "status": tt.TIMED,
             "ms": ranked[0][0] if ranked else None,
             "runner_up_ms": ranked[1][0] if len(ranked) > 1 else None,
-            "candidates_ms": {cid: ms for ms, cid in ranked},
+            "candidates_ms": {**{cid: ms for ms, cid in ranked}, **failed},
             "tune_s": round(tuning.seconds, 2),
             "workload": (workload_of or {}).get((tuning.kernel, tuning.key), ""),
             **{k: provenance.get(k, "") for k in ("gpu", "triton", "torch", "cuda", "git_commit", "utc")},
@@ -73,7 +76,11 @@ def a100_table(h100: tt.ConfigTable, sm80_results: dict, kernels: dict, dtype: s
     table = tt.ConfigTable("a100", dtype, meta={"built_from": h100.path.name if h100.path else "h100"})
     for kernel, by_key in h100.entries.items():
         for key, entry in by_key.items():
-            timed = {c: ms for c, ms in entry.get("candidates_ms", {}).items() if (kernel, key, c) in usable}
+            timed = {
+                c: ms
+                for c, ms in entry.get("candidates_ms", {}).items()
+                if ms is not None and (kernel, key, c) in usable
+            }
             if timed:
                 cid = min(timed, key=timed.get)
             else:

@@ -37,8 +37,7 @@ def test_cli_rejects_bad_input(argv, capsys):
 
 def _tuning(key, pick=FAST, kernel="toy.k"):
     timings = {tt.config_id(FAST): 1.0, tt.config_id(SLOW): 1.5, tt.config_id(OTHER): float("inf")}
-    configs = {tt.config_id(c): c for c in (FAST, SLOW, OTHER)}
-    return tt.Tuning(kernel, key, "h100", "bf16", pick, timings, configs, 2.0)
+    return tt.Tuning(kernel, key, "h100", "bf16", pick, timings, 2.0)
 
 
 def test_tunings_become_entries_merged_into_the_table_there(tmp_path):
@@ -53,6 +52,7 @@ def test_tunings_become_entries_merged_into_the_table_there(tmp_path):
     assert entry["status"] == tt.TIMED and (entry["ms"], entry["runner_up_ms"]) == (1.0, 1.5)
     assert entry["workload"] == "toy@small" and entry["git_commit"] == "abc" and entry["triton"] == "3.6.0"
     assert tt.config_id(entry["config"]) == tt.config_id(FAST)
+    assert entry["candidates_ms"][tt.config_id(OTHER)] is None  # failed (inf): null in the file
     assert table.entry("toy.other", "K") is not None  # kept
     loaded = tt.ConfigTable.load(table.save())
     assert loaded.meta["device_name"] == GPU and loaded.entry("toy.k", "N=64") == json.loads(
