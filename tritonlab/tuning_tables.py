@@ -346,8 +346,10 @@ class TableAutotuner(Autotuner):
     that cache, so Triton launches it without timing; otherwise Triton times the candidates as it
     always has, and the result becomes the bucket's pick."""
 
-    def __init__(self, fn, spec: KernelSpec, tuner: Tuner, configs, **autotune_kwargs):
-        super().__init__(fn, fn.arg_names, configs, list(spec.key), None, None, **autotune_kwargs)
+    def __init__(
+        self, fn, spec: KernelSpec, tuner: Tuner, configs, reset_to_zero=None, restore_value=None, **kwargs
+    ):
+        super().__init__(fn, fn.arg_names, configs, list(spec.key), reset_to_zero, restore_value, **kwargs)
         missing = [k for k in (*spec.key, spec.dtype_arg) if k not in fn.arg_names]
         if missing:
             raise ValueError(f"{spec.name}: key or dtype_arg names {missing} are not arguments of the kernel")

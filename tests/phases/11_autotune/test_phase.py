@@ -155,3 +155,15 @@ def test_the_report_gives_a_verdict_per_compare_and_startup_cell(tmp_path):
     assert startup.ratio == pytest.approx(1 / 3) and startup.verdict().startswith("missed")
     text = report.render(_rows(), Figures("11_autotune", tmp_path, GPU))
     assert "table_vs_full" in text and "first_vs_steady_table" in text and "sm_80" in text
+
+
+def test_write_tables_writes_the_h100_table_and_the_a100_one_beside_it(tmp_path, monkeypatch):
+    bench = phase_module("11", "bench")
+    monkeypatch.setitem(tt.TUNER.kernels, "toy.k", _Kernel())
+    sm80 = tmp_path / "sm80.json"
+    sm80.write_text(json.dumps(_sm80({"A": [(FAST, False), (SLOW, True)]})))
+    written = bench.write_tables([(_tuning("A"), "toy@small")], tmp_path, sm80)
+    assert [p.name for p in written] == ["h100_bf16.json", "a100_bf16.json"]
+    h100, a100 = (tt.ConfigTable.load(p) for p in written)
+    assert h100.entry("toy.k", "A")["workload"] == "toy@small"
+    assert tt.config_id(a100.entry("toy.k", "A")["config"]) == tt.config_id(SLOW)
