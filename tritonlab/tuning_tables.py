@@ -275,7 +275,10 @@ class Tuner:
                 except TableError as e:
                     logger.warning("ignoring a config table: %s; kernels tune as without one", e)
             else:
-                known = sorted(p.stem for p in self.table_dir.glob("*.json") if "_" in p.stem)
+                dtypes = set(DTYPE_NAMES.values())
+                known = sorted(
+                    p.stem for p in self.table_dir.glob("*_*.json") if p.stem.rsplit("_", 1)[1] in dtypes
+                )
                 logger.warning(
                     "no tuned-config table for %s/%s (%s); kernels tune on first use. Tables: %s",
                     gpu, dtype, path, ", ".join(known) or "none",
