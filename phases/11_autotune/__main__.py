@@ -26,7 +26,7 @@ from common import ON_GPU, run_cells
 from common.cli import choices_argument, parse_phase_args, phase_parser, phase_run
 from tritonlab import tuning_tables, tuning_workloads
 
-from .bench import compare_cell, sm80_cell, smoke_cell, startup_cell, tune_cell, write_tables
+from .bench import compare_cells, sm80_cell, smoke_cell, startup_cell, tune_cell, write_tables
 from .report import REPORT
 
 PHASE = "11_autotune"
@@ -80,7 +80,7 @@ def main(argv=None) -> None:
             for path in write_tables(tuned, args.tables):
                 print(f"table: {path}")
         if "compare" in args.tasks:
-            run_cells(writer, [compare_cell(w, args.tables, args.repeats) for w in work])
+            run_cells(writer, [cell for w in work for cell in compare_cells(w, args.tables, args.repeats)])
         if "startup" in args.tasks:
             run_cells(writer, [startup_cell(s, args.tables) for s in args.startup_shape])
 

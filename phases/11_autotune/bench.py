@@ -11,6 +11,9 @@ On a GPU, in this order:
   any tuning (``off``: each kernel's default) and ``--repeats`` times with a fresh full tune
   (``full``). The row: each one's median ms, the table's time over the fresh tunes' median (goal:
   within 2%), the default's, and the distinct picks of the fresh tunes (their spread).
+- **kernel** (per tuned kernel of the workload, from the same processes): inside each fresh tune,
+  where every candidate was timed side by side, the table's pick and the default against that
+  tune's best (median over the tunes), and how many different configs the fresh tunes picked.
 - **startup** (per ``--startup-shape``): the TransformerNP with our kernels in a fresh process, with
   the table and with a fresh full tune: the first training step's seconds against a steady step's
   (goal with the table: within 2x).
@@ -99,12 +102,23 @@ def write_tables(tuned: list, table_dir: Path, sm80_path: Path = tables.SM80_RES
     return written
 
 
-def compare_cell(workload, table_dir: Path, repeats: int) -> Cell:
+def compare_cells(workload, table_dir: Path, repeats: int) -> list[Cell]:
+    """The workload's compare cell, then one per tuned kernel from the same probes."""
+    probes: dict = {}
+    cells = [compare_cell(workload, table_dir, repeats, probes)]
+    cells += [kernel_cell(workload, kernel, probes) for kernel in workload.kernels]
+    return cells
+
+
+def compare_cell(workload, table_dir: Path, repeats: int, probes: dict) -> Cell:
+    """Fresh processes: the table, off, and ``repeats`` full tunes; kept in ``probes`` for the
+    kernel cells that follow."""
+
     def run():
         what = ["--workload", workload.name]
-        table = _probe("table", what, table_dir)
-        off = _probe("off", what, table_dir)
-        full = [_probe("full", what, table_dir) for _ in range(repeats)]
+        table = probes["table"] = _probe("table", what, table_dir)
+        off = probes["off"] = _probe("off", what, table_dir)
+        full = probes["full"] = [_probe("full", what, table_dir) for _ in range(repeats)]
         full_ms = sorted(p["ms"] for p in full)
         median = full_ms[len(full_ms) // 2]
         distinct = sorted({_pick_text(p["picks"]) for p in full})
@@ -126,6 +140,43 @@ def compare_cell(workload, table_dir: Path, repeats: int) -> Cell:
         }
 
     return Cell("compare", workload.shape, "bf16", run, {"function": workload.function})
+
+
+def kernel_cell(workload, kernel: str, probes: dict) -> Cell:
+    """One kernel of the workload, judged inside each fresh tune, where every candidate was timed
+    side by side: the table's pick and the default (``off``'s) against that tune's best, as the
+    median over the fresh tunes, and how many different configs the fresh tunes picked."""
+
+    def run():
+        if "full" not in probes:
+            raise RuntimeError(f"{workload.name}: its compare cell did not run")
+        table_pick = probes["table"]["picks"].get(kernel, "")
+        off_pick = probes["off"]["picks"].get(kernel, "")
+        tunings = [t for p in probes["full"] for t in p["tunings"] if t["kernel"] == kernel]
+        if not tunings:
+            raise RuntimeError(
+                f"{kernel}: no fresh tune timed it at {workload.name} (tuned by an earlier key?)"
+            )
+
+        def median_ratio(pick: str) -> float:
+            ratios = sorted(
+                (t["timings"].get(pick) or float("inf")) / min(t["timings"].values()) for t in tunings
+            )
+            return ratios[len(ratios) // 2]
+
+        picks = sorted({t["pick"] for t in tunings})
+        return {
+            "key": tunings[0]["key"],
+            "table_vs_best": median_ratio(table_pick),
+            "off_vs_best": median_ratio(off_pick),
+            "best_ms": sorted(min(t["timings"].values()) for t in tunings)[len(tunings) // 2],
+            "distinct_picks": len(picks),
+            "pick_table": table_pick,
+            "pick_off": off_pick,
+            "picks_full": " | ".join(picks),
+        }
+
+    return Cell("kernel", workload.shape, "bf16", run, {"function": workload.function, "kernel": kernel})
 
 
 def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:

@@ -9,8 +9,9 @@ launches). ``--tables DIR`` reads the tables from DIR. It prints one JSON line, 
 output:
 
 - ``--workload FN@SHAPE``: ``first_s`` (the first call, with any tuning or lookup, to the GPU being
-  done), ``ms`` (``common.timing.bench`` of later calls, with p20/p80) and ``picks`` (each tuned
-  kernel's config per bucket key met);
+  done), ``ms`` (``common.timing.bench`` of later calls, with p20/p80), ``picks`` (each tuned
+  kernel's configs) and ``tunings`` (what was timed: per kernel and key, the pick and every
+  candidate's median ms; empty unless something was tuned);
 - ``--model SHAPE``: the TransformerNP with our kernels (two-pass attention, staged fused MLP,
   grouped heads, GMM loss) under bf16 autocast: ``first_step_s`` and ``steady_ms`` (the median of
   ``--steps`` steps after two warm-up steps), and the picks.
@@ -53,7 +54,12 @@ def probe_workload(name: str) -> dict:
     run = workload.runner("cuda")
     first = _seconds(run)
     timing = bench(run)
-    return {"first_s": first, **timing.as_row(), "picks": picks(workload.kernels)}
+    # A fresh tune's candidate times, side by side in this process: the per-kernel comparison.
+    tunings = [
+        {"kernel": t.kernel, "key": t.key, "pick": tuning_tables.config_id(t.pick), "timings": t.timings}
+        for t in tuning_tables.TUNER.tunings
+    ]
+    return {"first_s": first, **timing.as_row(), "picks": picks(workload.kernels), "tunings": tunings}
 
 
 def probe_model(shape_name: str, steps: int) -> dict:

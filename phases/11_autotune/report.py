@@ -22,6 +22,8 @@ COMPARE = ["function", "shape", "ms_table", "ms_full", "ms_full_min", "ms_full_m
 STARTUP = ["shape", "first_step_s_table", "first_step_s_full", "steady_ms", "steady_ms_full",
            "first_vs_steady_table", "first_vs_steady_full"]  # fmt: skip
 TUNE = ["function", "shape", "tune_s", "kernels_tuned"]
+KERNEL = ["function", "shape", "kernel", "key", "table_vs_best", "off_vs_best", "best_ms", "distinct_picks",
+          "pick_table", "picks_full"]  # fmt: skip
 
 
 def _latest(df: pd.DataFrame, variant: str, keys: list[str]) -> pd.DataFrame:
@@ -94,6 +96,16 @@ def render(df: pd.DataFrame, fig) -> str:
             markdown_table(compare, COMPARE),
             "\n### Picks\n",
             markdown_table(compare, ["function", "shape", "picks_table", "picks_full"]),
+        ]
+    kernels = _latest(df, "kernel", ["shape", "function", "kernel"])
+    if not kernels.empty:
+        parts += [
+            "\n## Per kernel, inside each fresh tune\n\n"
+            "Every fresh tune times all candidates side by side in one process: `table_vs_best` is the "
+            "table's pick against that tune's best, `off_vs_best` the untuned default's (medians over the "
+            "fresh tunes; goal for the table ≤ 1.02); `distinct_picks` counts the configs the fresh tunes "
+            "picked.\n",
+            markdown_table(kernels, KERNEL),
         ]
     startup = _latest(df, "startup", ["shape"])
     if not startup.empty:

@@ -140,6 +140,9 @@ def _rows():
          "ms_full_min": 0.99, "ms_full_max": 1.02, "ms_off": 1.3, "table_vs_full": 1.01, "off_vs_full": 1.3,
          "first_s_table": 0.5, "first_s_full": 9.0, "repeats": 5, "distinct_full_picks": 2,
          "picks_table": "a: x", "picks_full": "a: x | a: y"},
+        {**base, "variant": "kernel", "shape": "mid", "function": "attention", "kernel": "attention.dq", "key": "K",
+         "table_vs_best": 1.004, "off_vs_best": 1.2, "best_ms": 0.5, "distinct_picks": 2, "pick_table": "x",
+         "picks_full": "x | y"},
         {**base, "variant": "startup", "shape": "mid", "function": "TransformerNP", "first_step_s_table": 0.3,
          "first_step_s_full": 60.0, "steady_ms": 100.0, "steady_ms_full": 100.0, "first_vs_steady_table": 3.0,
          "first_vs_steady_full": 600.0},
@@ -155,6 +158,29 @@ def test_the_report_gives_a_verdict_per_compare_and_startup_cell(tmp_path):
     assert startup.ratio == pytest.approx(1 / 3) and startup.verdict().startswith("missed")
     text = report.render(_rows(), Figures("11_autotune", tmp_path, GPU))
     assert "table_vs_full" in text and "first_vs_steady_table" in text and "sm_80" in text
+    assert "table_vs_best" in text and "attention.dq" in text
+
+
+def test_kernel_cells_judge_the_table_pick_inside_each_fresh_tune():
+    bench = phase_module("11", "bench")
+    (workload,) = __import__("tritonlab.tuning_workloads", fromlist=["x"]).workloads(
+        ["small"], functions=["attention"]
+    )
+    tune = {"kernel": "attention.dq", "key": "K", "pick": "a", "timings": {"a": 1.0, "b": 1.01, "c": 2.0}}
+    probes = {
+        "table": {"picks": {"attention.dq": "b"}},
+        "off": {"picks": {"attention.dq": "c"}},
+        "full": [
+            {"tunings": [tune]},
+            {"tunings": [{**tune, "pick": "b", "timings": {"a": 1.0, "b": 0.99, "c": 2.0}}]},
+        ],
+    }
+    row = bench.kernel_cell(workload, "attention.dq", probes).run()
+    # Medians over the two tunes (the upper of two): b at 1.01 and 1.0 of the best, c at 2.0 and 2.02.
+    assert row["table_vs_best"] == pytest.approx(1.01) and row["off_vs_best"] == pytest.approx(2.0 / 0.99)
+    assert row["distinct_picks"] == 2 and row["picks_full"] == "a | b" and row["key"] == "K"
+    with pytest.raises(RuntimeError, match="compare cell did not run"):
+        bench.kernel_cell(workload, "attention.dq", {}).run()
 
 
 def test_write_tables_writes_the_h100_table_and_the_a100_one_beside_it(tmp_path, monkeypatch):
