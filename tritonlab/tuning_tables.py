@@ -305,18 +305,28 @@ class Tuner:
             if config is not None:
                 self.picks[name, key] = config
                 return config
-            self._say_once(
+            self.say_once(
                 ("stale", table.path, name, key), logging.WARNING,
                 "%s: the entry for %s at %s names a config outside its search space (stale table); tuning",
                 table.path, name, key,
             )  # fmt: skip
         elif table is not None:
-            self._say_once(
+            self.say_once(
                 ("miss", name, gpu, dtype), logging.WARNING,
                 "%s: no entry in %s for %s; tuning it as without a table (once per bucket)",
                 name, table.path, key,
             )  # fmt: skip
         return None
+
+    def lookup(self, name: str, key: str, gpu: str, dtype: str) -> dict | None:
+        """For a kernel that is not autotuned but launches settings from a table in code (flash2's
+        tiles): the config of the table's entry for ``key`` under ``TRITONLAB_AUTOTUNE=table``, else
+        None -- the code's own settings, which are also that kernel's "off" and "full"."""
+        if autotune_mode() != "table":
+            return None
+        table = self.table(gpu, dtype)
+        entry = table.entry(name, key) if table is not None else None
+        return entry["config"] if entry is not None else None
 
     def note_tuned(self, tuning: Tuning) -> None:
         self.picks[tuning.kernel, tuning.key] = tuning.pick
@@ -329,7 +339,7 @@ class Tuner:
             config_id(tuning.pick),
         )
 
-    def _say_once(self, what, level, message, *args) -> None:
+    def say_once(self, what, level, message, *args) -> None:
         if what not in self._said:
             self._said.add(what)
             logger.log(level, message, *args)

@@ -37,6 +37,9 @@ def sweep_shape(lk: int, query_rows: int = SWEEP_QUERY_ROWS) -> TNPShape:
 
 
 SWEEP_SHAPES = {shape.name: shape for shape in map(sweep_shape, SWEEP_LK)}
+# FlashAttention-2 (3-D, heads folded into the batch, causal bf16): (B, N, D) where its code table's
+# tiles were measured (``tritonlab.attention.flash2``), N queries and keys.
+FLASH2_SHAPES = ((16, 16_384, 64), (8, 8_192, 128))
 # The sweep measures attention alone.
 SWEEP_FUNCTIONS = ("attention", "fused_attention")
 

@@ -26,7 +26,15 @@ from common import ON_GPU, run_cells
 from common.cli import choices_argument, parse_phase_args, phase_parser, phase_run
 from tritonlab import tuning_tables, tuning_workloads
 
-from .bench import compare_cells, sm80_cell, smoke_cell, startup_cell, tune_cell, write_tables
+from .bench import (
+    compare_cells,
+    flash2_tune_cell,
+    sm80_cell,
+    smoke_cell,
+    startup_cell,
+    tune_cell,
+    write_tables,
+)
 from .report import REPORT
 
 PHASE = "11_autotune"
@@ -59,6 +67,9 @@ def parse_args(argv=None):
         "--sm80-shapes", nargs="+", default=["small"], choices=tuning_workloads.TNP_SHAPES,
         help="CPU: shapes of the sm_80 compile check (compile only; default: small; the committed results cover small mid large)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-flash2", action="store_true", help="tune: leave FlashAttention-2's tiles out of the tables"
+    )
     args = parse_phase_args(parser, argv)
     if args.repeats < 1:
         parser.error("--repeats: must be at least 1")
@@ -76,7 +87,10 @@ def main(argv=None) -> None:
         work = tuning_workloads.workloads(args.shape, functions=args.functions)
         if "tune" in args.tasks:
             tuned: list = []
-            run_cells(writer, [tune_cell(w, tuned) for w in work])
+            cells = [tune_cell(w, tuned) for w in work]
+            if not args.no_flash2:
+                cells += [flash2_tune_cell(shape, tuned) for shape in tuning_workloads.FLASH2_SHAPES]
+            run_cells(writer, cells)
             for path in write_tables(tuned, args.tables):
                 print(f"table: {path}")
         if "compare" in args.tasks:

@@ -4,7 +4,8 @@ On a GPU, in this order:
 
 - **tune** (one cell per workload: a public function at a TNP shape, bf16): the workload runs once
   in this process under ``TRITONLAB_AUTOTUNE=full``, so every registered kernel on its path times
-  its whole (pruned) search space at that bucket; the row names the picks. After the last one,
+  its whole (pruned) search space at that bucket; the row names the picks. FlashAttention-2, whose
+  tiles are not autotuned, gets a cell per ``FLASH2_SHAPES`` entry that times its candidates. After the last one,
   :func:`write_tables` writes ``<gpu>_bf16.json`` into the table directory and, on an H100, the
   A100's table from it and the committed sm_80 compile results.
 - **compare** (per workload): fresh processes (``probe.py``) with the table (``table``), without
@@ -31,6 +32,8 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.testing
 
 from common import Cell
 from common.provenance import provenance
@@ -86,6 +89,61 @@ def tune_cell(workload, tuned: list) -> Cell:
         }
 
     return Cell("tune", workload.shape, "bf16", run, {"function": workload.function})
+
+
+def flash2_tune_cell(shape: tuple[int, int, int], tuned: list, causal: bool = True) -> Cell:
+    """FlashAttention-2's tiles are not autotuned: each kernel's ``TUNE_CANDIDATES`` timed here (the
+    backward's kernels as the whole backward, the other kernel's tiles from the code table), checked
+    against the code table's result, the fastest kept in ``tuned`` like an autotuner's pick."""
+    batch, n, head_dim = shape
+
+    def run():
+        from triton.runtime.errors import OutOfResources, PTXASError
+
+        from tritonlab.attention import flash2
+        from tritonlab.testing import rel_err
+
+        dtype = torch.bfloat16
+        q, k, v, grad_o = (torch.randn(batch, n, head_dim, dtype=dtype, device="cuda") for _ in range(4))
+        o, lse = flash2.flash_forward(q, k, v, causal)
+        calls = {
+            "fwd": lambda c: flash2.flash_forward(q, k, v, causal, config=c),
+            "dq": lambda c: flash2.flash_backward(q, k, v, o, lse, grad_o, causal, dq_config=c),
+            "dkdv": lambda c: flash2.flash_backward(q, k, v, o, lse, grad_o, causal, dkdv_config=c),
+        }
+        gpu = tt.gpu_slug(torch.cuda.get_device_name())
+        picks = []
+        for kernel, candidates in flash2.TUNE_CANDIDATES.items():
+            reference = calls[kernel](None)
+            start, timings, configs = time.perf_counter(), {}, {}
+            for tiles in candidates:
+                config = triton.Config(
+                    {"BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n},
+                    num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+                )  # fmt: skip
+                cid = tt.config_id(config)
+                configs[cid] = config
+                try:
+                    err = max(rel_err(a, b) for a, b in zip(calls[kernel](tiles), reference, strict=True))
+                    if not err <= 1e-2:
+                        raise AssertionError(
+                            f"flash2 {kernel} {cid}: error {err:.3g} against the code table's tiles"
+                        )
+                    timings[cid] = triton.testing.do_bench(
+                        lambda t=tiles, f=calls[kernel]: f(t), warmup=5, rep=60
+                    )
+                except (OutOfResources, PTXASError):  # does not fit this GPU: never picked
+                    timings[cid] = float("inf")
+            best = min(timings, key=timings.get)
+            tuning = tt.Tuning(
+                flash2.table_name(kernel), flash2.table_key(dtype, head_dim, causal), gpu, "bf16", configs[best],
+                timings, time.perf_counter() - start,
+            )  # fmt: skip
+            tuned.append((tuning, f"flash2@B{batch}N{n}D{head_dim}"))
+            picks.append(f"{tuning.kernel}: {best}")
+        return {"kernels_tuned": len(picks), "picks": "; ".join(picks)}
+
+    return Cell("tune", f"B={batch} N={n} D={head_dim}", "bf16", run, {"function": "flash2"})
 
 
 def write_tables(tuned: list, table_dir: Path, sm80_path: Path = tables.SM80_RESULTS) -> list[Path]:

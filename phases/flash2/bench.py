@@ -25,7 +25,7 @@ from tritonlab.attention import (
     causal_mask,
     naive_attention,
 )
-from tritonlab.attention.flash2 import flash_backward, flash_forward, tile_config
+from tritonlab.attention.flash2 import TUNE_CANDIDATES, flash_backward, flash_forward, tile_config
 from tritonlab.testing import DTYPES, rel_err
 
 SDPA_BACKENDS = {
@@ -278,25 +278,6 @@ def _flash_pass(fn, inputs, checked, pass_: str, budget: Budget, shape: tuple) -
 
 
 # --- the tile tuner: candidate tiles per kernel, timed on one shape --------------------------------
-
-TUNE_CANDIDATES = {
-    # Forward: phase 02's best two d = 64 tiles with TMA loads and neighbours; 64 x 64 and 128 x 64
-    # at 8 warps are the d = 128 contenders. Tiles that do not fit the GPU are left out.
-    "fwd": [
-        TileConfig(128, 128, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(128, 64, 4, 3),
-        TileConfig(128, 128, 4, 2), TileConfig(128, 128, 8, 3), TileConfig(64, 64, 4, 3),
-        TileConfig(64, 64, 4, 2), TileConfig(128, 64, 8, 2), TileConfig(128, 128, 8, 2),
-    ],
-    "dq": [
-        TileConfig(128, 64, 8, 2), TileConfig(128, 64, 4, 3), TileConfig(128, 32, 4, 3),
-        TileConfig(64, 64, 4, 3), TileConfig(128, 128, 8, 2), TileConfig(128, 64, 8, 3), TileConfig(64, 64, 8, 3),
-    ],
-    "dkdv": [
-        TileConfig(64, 128, 8, 2), TileConfig(32, 128, 4, 3), TileConfig(64, 128, 4, 3),
-        TileConfig(64, 64, 4, 3), TileConfig(128, 128, 8, 2), TileConfig(32, 64, 4, 4),
-        TileConfig(32, 64, 4, 3), TileConfig(64, 64, 8, 3),
-    ],
-}  # fmt: skip
 
 
 def tune_cells(

@@ -212,6 +212,28 @@ def test_every_library_kernel_is_registered():
         assert kernel.spec.phase and set(kernel.spec.key) <= set(kernel.arg_names)
 
 
+def test_lookup_serves_kernels_whose_settings_are_a_table_in_code(tmp_path, monkeypatch):
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
+    _write_table(tmp_path, {_key(100): CONFIGS[1]})
+    tuner = tt.Tuner(table_dir=tmp_path)
+    assert tuner.lookup("toy.scale", _key(100), "h100", "fp32") == tt.config_to_json(CONFIGS[1])
+    assert tuner.lookup("toy.scale", _key(1000), "h100", "fp32") is None
+    assert tuner.lookup("toy.scale", _key(100), "a100", "fp32") is None
+    for mode in ("off", "full"):  # the code's own settings
+        monkeypatch.setenv(tt.ENV_VAR, mode)
+        assert tuner.lookup("toy.scale", _key(100), "h100", "fp32") is None
+
+
+def test_flash2_keys_and_tiles_from_an_entry():
+    from tritonlab.attention import flash2
+
+    assert flash2.table_key(torch.bfloat16, 64, True) == "CAUSAL=True,HEAD_DIM=64|bf16"
+    assert flash2.table_name("dkdv") == "flash2.dkdv"
+    entry = tt.config_to_json(triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=2))
+    assert flash2.tiles_from_entry(entry) == flash2.TileConfig(64, 32, 8, 2)
+    assert flash2.tiles_from_entry({**entry, "kwargs": {"BLOCK_M": 64}}) is None
+
+
 def test_forget_drops_picks_and_direct_launches(tmp_path, monkeypatch):
     monkeypatch.delenv(tt.ENV_VAR, raising=False)
     toy = Toy(tmp_path)
@@ -226,6 +248,35 @@ def test_forget_drops_picks_and_direct_launches(tmp_path, monkeypatch):
 
 
 # --- on a GPU: a launch from the table computes what the autotuned launch computed ---------------
+
+
+@pytest.mark.gpu
+def test_flash2_takes_its_tiles_from_the_table_on_gpu(tmp_path, monkeypatch):
+    from tritonlab.attention import flash2
+
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
+    gpu = tt.gpu_slug(torch.cuda.get_device_name())
+    tiles = flash2.TileConfig(64, 32, 4, 2)
+    table = tt.ConfigTable(gpu, "bf16")
+    config = triton.Config({"BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n}, num_warps=4, num_stages=2)
+    table.put(
+        "flash2.fwd",
+        flash2.table_key(torch.bfloat16, 64, True),
+        {"config": tt.config_to_json(config), "status": tt.TIMED},
+    )
+    table.save(tt.table_path(gpu, "bf16", tmp_path))
+    tt.TUNER.forget()
+    monkeypatch.setattr(tt.TUNER, "table_dir", tmp_path)
+    device = torch.device("cuda")
+    assert flash2.tile_config("fwd", torch.bfloat16, 64, True, device) == tiles
+    assert flash2.tile_config("fwd", torch.bfloat16, 64, True) == flash2._table_config(
+        "fwd", torch.bfloat16, 64, True
+    )
+    q, k, v = (torch.randn(2, 300, 64, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    from_table = flash2.flash_forward(q, k, v, True)
+    forced = flash2.flash_forward(q, k, v, True, config=tiles)
+    assert all(torch.equal(a, b) for a, b in zip(from_table, forced, strict=True))
+    tt.TUNER.forget()
 
 
 @pytest.mark.gpu

@@ -32,10 +32,13 @@ What carries the forward's speed:
 - tiles move through Hopper's TMA copy engine (tensor descriptors), which also does the bounds
   checks, whenever the strides allow it; other strides fall back to block pointers.
 
-Tiles come from a table per kernel (measured with ``python -m phases flash2 flash-bench --tune``),
-shrunk where a tile would not fit the GPU's shared memory at the inputs' element size.
+Tiles come from the tuned-config table for the GPU where it has an entry (``tritonlab.tuning_tables``,
+written by phase 11 from ``TUNE_CANDIDATES``; ``TRITONLAB_AUTOTUNE=off`` or ``full`` skip it), else
+from a table per kernel here (measured with ``python -m phases flash2 flash-bench --tune``), shrunk
+where a tile would not fit the GPU's shared memory at the inputs' element size.
 """
 
+import logging
 import math
 from dataclasses import dataclass, replace
 
@@ -46,6 +49,7 @@ import triton.language as tl
 from .._launch import tma_ok, use_descriptor_scratch
 from .._runtime import INTERPRET
 from ..tuning import dot_precision
+from ..tuning_tables import TUNER, dtype_name, gpu_slug
 from ._common import HEAD_DIMS, LOG2E, backward_delta, check_qkv, fits, online_softmax_tile
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -116,12 +120,72 @@ def _fit(cfg: TileConfig, kernel: str, element_size: int, head_dim: int) -> Tile
     return cfg
 
 
-def tile_config(kernel: str, dtype: torch.dtype, head_dim: int, causal: bool = True) -> TileConfig:
-    """The tiles ``kernel`` ("fwd", "dq" or "dkdv") runs with for these inputs."""
+# Candidate tiles per kernel, timed by `flash-bench --tune` and by phase 11 (the tuned-config tables).
+TUNE_CANDIDATES = {
+    # Forward: phase 02's best two d = 64 tiles with TMA loads and neighbours; 64 x 64 and 128 x 64
+    # at 8 warps are the d = 128 contenders. Tiles that do not fit the GPU are left out.
+    "fwd": [
+        TileConfig(128, 128, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(128, 64, 4, 3),
+        TileConfig(128, 128, 4, 2), TileConfig(128, 128, 8, 3), TileConfig(64, 64, 4, 3),
+        TileConfig(64, 64, 4, 2), TileConfig(128, 64, 8, 2), TileConfig(128, 128, 8, 2),
+    ],
+    "dq": [
+        TileConfig(128, 64, 8, 2), TileConfig(128, 64, 4, 3), TileConfig(128, 32, 4, 3),
+        TileConfig(64, 64, 4, 3), TileConfig(128, 128, 8, 2), TileConfig(128, 64, 8, 3), TileConfig(64, 64, 8, 3),
+    ],
+    "dkdv": [
+        TileConfig(64, 128, 8, 2), TileConfig(32, 128, 4, 3), TileConfig(64, 128, 4, 3),
+        TileConfig(64, 64, 4, 3), TileConfig(128, 128, 8, 2), TileConfig(32, 64, 4, 4),
+        TileConfig(32, 64, 4, 3), TileConfig(64, 64, 8, 3),
+    ],
+}  # fmt: skip
+
+
+def table_name(kernel: str) -> str:
+    """``kernel``'s name in the tuned-config tables (``tritonlab.tuning_tables``)."""
+    return f"flash2.{kernel}"
+
+
+def table_key(dtype: torch.dtype, head_dim: int, causal: bool) -> str:
+    """The tables' key of a call: what the code table keys its tiles by, exactly."""
+    return f"CAUSAL={bool(causal)},HEAD_DIM={head_dim}|{dtype_name(dtype)}"
+
+
+def tiles_from_entry(config: dict) -> TileConfig | None:
+    """A table entry's config as tiles; None if it does not name two block sizes."""
+    kw = config.get("kwargs", {})
+    if not all(isinstance(kw.get(name), int) and kw[name] > 0 for name in ("BLOCK_M", "BLOCK_N")):
+        return None
+    return TileConfig(kw["BLOCK_M"], kw["BLOCK_N"], config["num_warps"], config["num_stages"])
+
+
+def _tuned_tiles(kernel: str, dtype: torch.dtype, head_dim: int, causal: bool, device) -> TileConfig | None:
+    """The tiles of the tuned-config table for this GPU, if it has an entry (and TRITONLAB_AUTOTUNE
+    is "table"); a malformed entry is ignored with one warning."""
+    gpu = gpu_slug(torch.cuda.get_device_name(device))
+    name, key = table_name(kernel), table_key(dtype, head_dim, causal)
+    config = TUNER.lookup(name, key, gpu, dtype_name(dtype))
+    if config is None:
+        return None
+    tiles = tiles_from_entry(config)
+    if tiles is None:
+        TUNER.say_once(
+            ("malformed", gpu, name, key), logging.WARNING,
+            "%s: the %s table's entry at %s names no BLOCK_M/BLOCK_N; using the code's tiles", name, gpu, key,
+        )  # fmt: skip
+    return tiles
+
+
+def tile_config(
+    kernel: str, dtype: torch.dtype, head_dim: int, causal: bool = True, device=None
+) -> TileConfig:
+    """The tiles ``kernel`` ("fwd", "dq" or "dkdv") runs with for these inputs: the tuned-config
+    table's for the GPU of ``device`` where it has an entry, else this module's measured table."""
     if INTERPRET:
         return _INTERPRETER_CONFIGS[kernel]
     element_size = torch.finfo(dtype).bits // 8
-    return _fit(_table_config(kernel, dtype, head_dim, causal), kernel, element_size, head_dim)
+    tuned = _tuned_tiles(kernel, dtype, head_dim, causal, device) if device is not None else None
+    return _fit(tuned or _table_config(kernel, dtype, head_dim, causal), kernel, element_size, head_dim)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -459,7 +523,7 @@ def flash_forward(q, k, v, is_causal: bool, config: TileConfig | None = None, lo
         raise ValueError(f"loader: unknown {loader!r}; expected one of {LOADERS}")
     batch, n_q, head_dim = q.shape
     n_k = k.shape[1]
-    cfg = config or tile_config("fwd", q.dtype, head_dim, is_causal)
+    cfg = config or tile_config("fwd", q.dtype, head_dim, is_causal, q.device)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, n_q, dtype=torch.float32, device=q.device)
     use_tma = loader != "blockptr" and tma_ok(q, k, v, o)
@@ -484,8 +548,8 @@ def flash_backward(
     """dQ, dK, dV from the saved O and L: Δ first, then the dK/dV and the dQ kernels."""
     batch, n_q, head_dim = q.shape
     n_k = k.shape[1]
-    dq_cfg = dq_config or tile_config("dq", q.dtype, head_dim, is_causal)
-    dkdv_cfg = dkdv_config or tile_config("dkdv", q.dtype, head_dim, is_causal)
+    dq_cfg = dq_config or tile_config("dq", q.dtype, head_dim, is_causal, q.device)
+    dkdv_cfg = dkdv_config or tile_config("dkdv", q.dtype, head_dim, is_causal, q.device)
     sm_scale = 1.0 / math.sqrt(head_dim)
     precision = dot_precision(q.dtype)
     delta = backward_delta(o, grad_o)
@@ -540,4 +604,12 @@ class FlashAttentionTriton(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-__all__ = ["LOADERS", "FlashAttentionTriton", "TileConfig", "flash_backward", "flash_forward", "tile_config"]
+__all__ = [
+    "LOADERS",
+    "TUNE_CANDIDATES",
+    "FlashAttentionTriton",
+    "TileConfig",
+    "flash_backward",
+    "flash_forward",
+    "tile_config",
+]
