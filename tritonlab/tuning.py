@@ -11,6 +11,9 @@ an explicit record of the config each launch picked.
 - ``ConfigRecord`` keeps the config a kernel's launch picked, per kernel, for whoever asked for it
   (a benchmark row); nothing is kept in module globals. Under ``torch.compile`` the kernels run
   inside custom ops, which a record cannot reach: ``refuse_record_under_compile``.
+
+How each autotuned kernel is registered, and the tables of tuned configs it looks up before timing
+anything: ``tuning_tables``.
 """
 
 import contextlib

@@ -12,7 +12,8 @@ in this order:
 2. **the table** for this GPU and the call's dtype, ``tritonlab/tables/<gpu>_<dtype>.json``
    (``h100_bf16``, ``a100_bf16``, ...), written by ``python -m phases 11`` on that GPU;
 3. **Triton's autotuner**, exactly as without tables: every candidate the kernel's prune keeps is
-   timed once per bucket, and the first such tuning of a kernel is logged.
+   timed once per bucket. The miss is said once, as a warning on logger "tritonlab": per kernel
+   when the GPU has a table without its entry, per GPU and dtype when there is no table at all.
 
 ``TRITONLAB_AUTOTUNE`` chooses: ``table`` (the default: all three), ``full`` (ignore the tables:
 1 and 3, a fresh tune per bucket) or ``off`` (no timing at all: each kernel's default, the first
@@ -22,6 +23,9 @@ Triton's own result cache (``TRITON_CACHE_AUTOTUNING=1``) still applies to step 
 A table that cannot be read (bad JSON, a missing field, another schema) is ignored with one warning
 naming the file; an entry whose config is no longer in the kernel's search space is ignored with
 one warning naming the file, kernel and key. Neither ever fails a launch: the kernel tunes instead.
+
+A kernel whose settings are a table in its code rather than an autotuner (FlashAttention-2's
+tiles) asks :meth:`Tuner.lookup` for the table's entry and keeps its code's settings otherwise.
 
 Nothing here is module-global state except :data:`TUNER`, the one :class:`Tuner` of the process,
 which holds the registered kernels, the tables read so far, the picks per bucket and what was timed.
