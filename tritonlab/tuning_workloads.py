@@ -136,6 +136,11 @@ def _heads(shape: TNPShape, dtype, device, random):
 FUNCTIONS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "attention": (("attention.forward", "attention.dkdv", "attention.dq"), _attention("attention")),
     "fused_attention": (("attention.forward", "attention.fused_backward"), _attention("fused_attention")),
+    # Phase 05: the FP8 forward (its table is the fp8 one), then the bf16 two-pass backward.
+    "fp8_attention": (
+        ("attention.fp8_forward", "attention.dkdv", "attention.dq"),
+        _attention("fp8_attention"),
+    ),
     "fused_mlp": (("mlp.staged_forward",), _mlp("fused_mlp")),
     "fused_mlp_in_registers": (("mlp.register_forward",), _mlp("fused_mlp_in_registers")),
     "gemm_silu_mlp": (("mlp.gemm_silu",), _mlp("gemm_silu_mlp")),

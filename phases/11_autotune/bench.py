@@ -255,15 +255,20 @@ def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
     return Cell("startup", shape, "bf16", run, {"function": "TransformerNP"})
 
 
+# The interpreter's bf16 dots are wrong: fp32, or fp16 where a function takes no fp32.
+SMOKE_DTYPES = {"fp8_attention": torch.float16}
+
+
 def smoke_cell(function: str) -> Cell:
-    """One function at the tiny shape in the interpreter (fp32: its bf16 dots are wrong)."""
+    """One function at the tiny shape in the interpreter."""
+    dtype = SMOKE_DTYPES.get(function, torch.float32)
 
     def run():
-        (workload,) = tuning_workloads.workloads(["tiny"], (torch.float32,), [function])
+        (workload,) = tuning_workloads.workloads(["tiny"], (dtype,), [function])
         workload.runner("cpu")()
         return {}
 
-    return Cell(f"smoke {function}", "tiny", "fp32", run, {"function": function})
+    return Cell(f"smoke {function}", "tiny", tt.dtype_name(dtype), run, {"function": function})
 
 
 def sm80_cell(shapes: list[str], out: Path) -> Cell:
