@@ -39,7 +39,7 @@ import triton.language as tl
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from . import tuning
+from . import tuning, tuning_tables
 from ._gemm import compute_dtype, shared_memory_pruner
 from ._runtime import INTERPRET
 from .checks import check_offset_range, check_same, check_tensor
@@ -139,9 +139,15 @@ def _smem(config: triton.Config, element_size: int) -> int:
 
 
 _FALLBACK = [] if INTERPRET else _configs(_FALLBACK_TILES)
-_fixed_slice_matmul = triton.autotune(
+# Rows and N bucket to powers of two (the prune reads shared memory only), so a new batch or N in a
+# tuned bucket launches the bucket's pick untimed.
+_fixed_slice_matmul = tuning_tables.autotune(
     (_configs(_CPU_TILES) if INTERPRET else _configs(_TILES)) + _FALLBACK,
+    name="sparse_ffn.fixed_slice_matmul",
+    phase="sparse_ffn",
     key=["T", "N_ROWS", "K", "D", "DOT_PRECISION"],
+    dtype_arg="dy_ptr",
+    buckets={"T": tuning_tables.pow2_bucket, "N_ROWS": tuning_tables.pow2_bucket},
     prune_configs_by={"early_config_prune": shared_memory_pruner(_smem, "dy_ptr", _FALLBACK)},
 )(_fixed_slice_matmul_kernel)
 

@@ -242,3 +242,19 @@ def test_gpu_bf16_layer_grads_against_the_sliced_reference():
         tol=2e-2,
         names=["y", "dx", "dw", "db"],
     )
+
+
+def test_kernel_is_keyed_in_the_config_tables_by_power_of_two_rows_and_n():
+    """Registered with the tables; row counts and N in one power-of-two bucket share a table key, so a
+    new batch or N in a tuned bucket launches the bucket's pick untimed (the mechanism itself is
+    tested in tests/tritonlab/test_tuning_tables.py)."""
+    from tritonlab.tuning_tables import TUNER
+
+    kernel = TUNER.kernels["sparse_ffn.fixed_slice_matmul"]
+    assert kernel.spec.phase == "sparse_ffn" and kernel.spec.dtype_arg == "dy_ptr"
+
+    def key(T, n_rows):
+        return kernel.bucket_key({"T": T, "N_ROWS": n_rows, "K": 768, "D": 3072, "DOT_PRECISION": "tf32"})
+
+    assert key(4000, 3000) == key(4096, 2049) == "T=4096,N_ROWS=4096,K=768,D=3072,DOT_PRECISION=tf32|"
+    assert key(4097, 3000) != key(4096, 3000) != key(4096, 2048)
