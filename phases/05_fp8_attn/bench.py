@@ -37,9 +37,9 @@ from tritonlab.attention import fp8 as fp8_kernels
 from tritonlab.testing import DTYPES, rel_err
 from tritonlab.tuning import ConfigRecord
 
+from .report import FP8, OURS_BF16
+
 MODES = ("fwd", "fwd+bwd")
-FP8 = "triton-fp8"
-OURS_BF16 = {"fwd": "triton", "fwd+bwd": "triton-2pass"}  # our bf16 attention in each mode
 GRADS = ("dq", "dk", "dv")
 
 

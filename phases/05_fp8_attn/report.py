@@ -15,8 +15,9 @@ from common.report import (
 )
 
 PHASE = "05_fp8_attn"
+# The variants' names, which bench.py takes from here: the report renders without the kernels.
 FP8 = "triton-fp8"
-OURS_BF16 = {"fwd": "triton", "fwd+bwd": "triton-2pass"}
+OURS_BF16 = {"fwd": "triton", "fwd+bwd": "triton-2pass"}  # our bf16 attention in each mode
 # Issue 19: the forward (quantisation included) >= 1.3x the best SDPA backend and >= 1.4x our bf16
 # forward at mid and large; forward + backward >= 1.1x the best SDPA backend there.
 SDPA_GOALS = [
