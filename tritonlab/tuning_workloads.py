@@ -168,4 +168,4 @@ def workloads(shapes=TNP_SHAPES, dtypes=(torch.bfloat16,), functions=tuple(FUNCT
 
 def import_kernels() -> None:
     """Import every module that registers an autotuned kernel, so the registry is complete."""
-    from . import attention, grouped_gemm, mlp  # noqa: F401
+    from . import attention, grouped_gemm, mlp, sparse_ffn  # noqa: F401

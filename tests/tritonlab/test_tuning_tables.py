@@ -198,14 +198,13 @@ def test_a_name_registers_once(tmp_path):
 
 
 def test_every_library_kernel_is_registered():
-    import tritonlab.attention  # noqa: F401
-    import tritonlab.grouped_gemm  # noqa: F401
-    import tritonlab.mlp  # noqa: F401
+    tuning_workloads.import_kernels()
 
     names = set(tt.TUNER.kernels)
     expected = {
-        "attention.forward", "attention.dkdv", "attention.dq", "attention.fused_backward",
+        "attention.forward", "attention.dkdv", "attention.dq", "attention.fused_backward", "attention.fp8_forward",
         "mlp.staged_forward", "mlp.register_forward", "mlp.gemm_silu", "heads.forward", "heads.hidden_backward",
+        "sparse_ffn.fixed_slice_matmul",
     }  # fmt: skip
     assert expected <= names
     for kernel in tt.TUNER.kernels.values():
