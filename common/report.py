@@ -243,7 +243,7 @@ class Verdict:
             "ours": self.ours,
             "best baseline": self.baseline,
             "ratio": self.ratio,
-            "goal": "" if self.goal is None else f"≥ {self.goal:g}×",
+            "goal": "" if self.goal is None else f"≥ {self.goal:.3g}×",
             "verdict": self.verdict(),
             "GPU": self.gpu,
             "date": str(self.utc)[:10],
