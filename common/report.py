@@ -86,6 +86,58 @@ def select_latest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return keep.loc[keep["run_group"] == keep["_newest_group"]].drop(columns="_newest_group")
 
 
+def verdict_run(
+    rows: pd.DataFrame, ours: list[str], baselines: list[str], metric: str, higher_is_better: bool = False
+) -> str | None:
+    """The run group a cell's ratio comes from, given the cell's ok rows: the newest run that measured
+    one of ``ours`` beside every baseline known to be the best -- no baseline it lacks beat, in
+    another run with ours, the baselines the two runs share. So a run cut short (a timeout after
+    eager, before compile) does not hide the complete run before it, while a rerun of ours beside
+    only the best baseline still counts. None when no run measured ours."""
+    runs = rows.loc[rows["variant"].isin(ours)]
+    if runs.empty:
+        return None
+    newest_first = runs.groupby("run_group")["utc"].max().sort_values(ascending=False).index
+    best = rows.loc[rows["variant"].isin(baselines)].groupby(["run_group", "variant"])[metric].median()
+    if higher_is_better:
+        best = -best
+    per_run = {
+        g: best.xs(g) if g in best.index.get_level_values(0) else pd.Series(dtype=float) for g in newest_first
+    }
+
+    def complete(group) -> bool:
+        present = set(per_run[group].index)
+        if not present and any(len(times) for times in per_run.values()):
+            return False
+        for times in per_run.values():
+            lacked = [v for v in times.index if v not in present]
+            shared = [v for v in times.index if v in present]
+            if lacked and shared and times[lacked].min() < times[shared].min():
+                return False
+        return True
+
+    for group in newest_first:
+        if complete(group):
+            return group
+    return max(newest_first, key=lambda g: len(per_run[g]))  # the fullest, newest among equals
+
+
+def select_verdict_runs(df: pd.DataFrame, keys: list[str], ours: list[str]) -> pd.DataFrame:
+    """For every GPU and cell (``keys``), the rows of the run ``verdict_run`` picks (every variant not
+    in ``ours`` a baseline, by ``ms``); the newest run where none has ok rows of ours."""
+    if df.empty:
+        return df
+    parts = []
+    for _, cell in df.groupby(["gpu", *keys], dropna=False, sort=False):
+        cell_ok = cell.loc[cell["status"] == "ok"]
+        baselines = sorted(set(cell_ok["variant"]) - set(ours))
+        group = verdict_run(cell_ok, ours, baselines, "ms")
+        if group is None:
+            group = cell.sort_values("utc")["run_group"].iloc[-1]
+        parts.append(cell.loc[cell["run_group"] == group])
+    return pd.concat(parts)
+
+
 def ok_table(
     df: pd.DataFrame,
     columns: list[str],
@@ -262,7 +314,7 @@ def best_baseline_verdict(
     metric: str = "ms",
     higher_is_better: bool = False,
 ) -> Verdict | None:
-    """The verdict of one headline cell from the latest run group that measured ``ours`` there.
+    """The verdict of one headline cell from the run group ``verdict_run`` picks there.
 
     ``where`` selects the cell's rows (column -> value); ``ours`` is our variant (or the candidates, the
     best of which counts); the ratio is taken against the best of ``baselines`` in the same run group.
@@ -276,7 +328,7 @@ def best_baseline_verdict(
     mine = rows.loc[rows["variant"].isin(candidates)]
     if mine.empty or metric not in rows:
         return None
-    group = mine.sort_values("utc")["run_group"].iloc[-1]
+    group = verdict_run(rows, candidates, baselines, metric, higher_is_better)
     rows = rows.loc[rows["run_group"] == group]
     values = rows.groupby("variant")[metric].median()
     pick = values.reindex(candidates).dropna()

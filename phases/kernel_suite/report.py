@@ -9,7 +9,7 @@ from common.report import (
     best_baseline_verdict,
     failures_table,
     markdown_table,
-    select_latest,
+    select_verdict_runs,
 )
 
 from .names import KERNELS
@@ -187,7 +187,7 @@ def _final_table(ok: pd.DataFrame) -> str:
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    df = select_latest(df, ["kernel", "shape", "dtype", "pass", "variant"])
+    df = select_verdict_runs(df, ["kernel", "shape", "dtype", "pass"], ours=["ours"])
     ok = df.loc[df["status"] == "ok"]
     parts = [
         "Each kernel against PyTorch eager, `torch.compile` of the same eager code and Liger-Kernel, bf16, "

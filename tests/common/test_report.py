@@ -13,6 +13,7 @@ from common.report import (
     load_phase,
     render_phase,
     select_latest,
+    select_verdict_runs,
     write_index,
 )
 from common.results import data_dir
@@ -43,6 +44,55 @@ def test_latest_run_per_gpu(demo_phase):
     h100 = latest.loc[latest["gpu"] == "H100"]
     assert set(h100["run_group"]) == {"r2"}
     assert set(latest.loc[latest["gpu"] == "A100", "status"]) == {"oom"}
+
+
+# r5 ran after r4 but was cut short after our variant: only eager beside it.
+CUT_SHORT = (
+    FIXTURE
+    + """demo,liger,s,bf16,ok,,6.0,H100,2026-03-01T00:00:00Z,r4,r4,1e5
+demo,base,s,bf16,ok,,11.0,H100,2026-03-01T00:00:01Z,r4,r4,1e5
+demo,eager,s,bf16,ok,,38.0,H100,2026-03-01T00:00:01Z,r4,r4,1e5
+demo,fast,s,bf16,ok,,4.5,H100,2026-03-01T00:00:02Z,r4,r4,1e5
+demo,fast,s,bf16,ok,,4.2,H100,2026-04-01T00:00:00Z,r5,r5,1e5
+demo,eager,s,bf16,ok,,40.0,H100,2026-04-01T00:00:01Z,r5,r5,1e5
+demo,liger,s,bf16,timeout,killed,,H100,2026-04-01T00:00:02Z,r5,r5,1e5
+"""
+)
+
+
+def test_a_run_cut_short_does_not_hide_the_complete_run_before_it(tmp_path):
+    df = pd.read_csv(pd.io.common.StringIO(CUT_SHORT), dtype={"git_commit": str})
+    picked = select_verdict_runs(df, ["shape", "dtype"], ours=["fast"])
+    assert set(picked.loc[picked["gpu"] == "H100", "run_group"]) == {"r4"}  # r5 lacks liger, r4's best
+    assert set(picked.loc[picked["gpu"] == "A100", "run_group"]) == {"r3"}  # a cell of failures stays
+    verdict = best_baseline_verdict(
+        "demo",
+        df,
+        cell="s",
+        where={"shape": "s"},
+        ours="fast",
+        baselines=["base", "liger", "eager"],
+        goal=1.0,
+    )
+    # r4: liger 6.0 over ours 4.5, never r5's eager 40 over 4.2 (nor a mix of the two runs).
+    assert verdict.baseline == "liger" and verdict.ratio == pytest.approx(6.0 / 4.5)
+
+
+def test_a_rerun_beside_only_the_best_baseline_counts():
+    # r6 reruns ours beside liger alone: base and eager lost to liger in r4, so r6 counts.
+    rerun = CUT_SHORT + "demo,fast,s,bf16,ok,,4.0,H100,2026-05-01T00:00:00Z,r6,r6,1e5\n"
+    rerun += "demo,liger,s,bf16,ok,,6.4,H100,2026-05-01T00:00:01Z,r6,r6,1e5\n"
+    df = pd.read_csv(pd.io.common.StringIO(rerun), dtype={"git_commit": str})
+    verdict = best_baseline_verdict(
+        "demo",
+        df,
+        cell="s",
+        where={"shape": "s"},
+        ours="fast",
+        baselines=["base", "liger", "eager"],
+        goal=1.0,
+    )
+    assert verdict.ratio == pytest.approx(6.4 / 4.0)
 
 
 def test_speedup_only_within_a_run(demo_phase):
