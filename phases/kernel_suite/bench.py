@@ -26,6 +26,7 @@ from tritonlab.ops import (
     FP8_MAX,
     cross_entropy,
     fused_linear_cross_entropy,
+    geglu,
     gelu,
     quantize_fp8,
     rms_norm,
@@ -42,6 +43,7 @@ from .names import KERNELS
 try:  # optional: `uv sync --extra liger`; without it Liger's cells are rows saying so
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+    from liger_kernel.ops.geglu import LigerGELUMulFunction
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     from liger_kernel.ops.rope import LigerRopeFunction
     from liger_kernel.ops.swiglu import LigerSiLUMulFunction
@@ -60,8 +62,10 @@ SIZES = {
         "rms_norm": [(7, 123)],
         "gelu": [(7, 123)],
         "swiglu": [(7, 123)],
+        "geglu": [(7, 123)],
         "rope": [(10, 48)],
         "cross_entropy": [(5, 300)],
+        "cross_entropy_options": [(5, 300)],
         "fused_linear_cross_entropy": [(5, 300)],
         "fp8_row": [(7, 256)],
         "fp8_block": [(7, 256)],
@@ -70,8 +74,10 @@ SIZES = {
         "rms_norm": [(8192, 4096), (65536, 8192)],
         "gelu": [(8192, 4096), (65536, 8192)],
         "swiglu": [(8192, 4096), (65536, 8192)],
+        "geglu": [(8192, 4096), (65536, 8192)],
         "rope": [(8192, 4096), (65536, 4096)],
         "cross_entropy": [(4096, 32000), (16384, 128256)],
+        "cross_entropy_options": [(4096, 32000), (16384, 128256)],
         "fused_linear_cross_entropy": [(8192, 32000), (16384, 128256)],
         "fp8_row": [(8192, 4096), (65536, 8192)],
         "fp8_block": [(8192, 4096), (65536, 8192)],
@@ -80,8 +86,10 @@ SIZES = {
         "rms_norm": [(4096, 1024), (8192, 4096), (16384, 4096), (32768, 8192), (65536, 8192)],
         "gelu": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
         "swiglu": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
+        "geglu": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
         "rope": [(4096, 1024), (8192, 4096), (32768, 4096), (65536, 4096)],
         "cross_entropy": [(4096, 32000), (16384, 32000), (4096, 128256), (16384, 128256)],
+        "cross_entropy_options": [(4096, 32000), (16384, 128256)],
         "fused_linear_cross_entropy": [(8192, 32000), (8192, 128256), (16384, 128256)],
         "fp8_row": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
         "fp8_block": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
@@ -109,6 +117,10 @@ def swiglu_eager(gate, up):
     return F.silu(gate) * up
 
 
+def geglu_eager(gate, up):
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def rope_eager(q, k, cos_full, sin_full):
     """The Hugging Face formulation on (B, T, H, D): ``x*cos + rotate_half(x)*sin``, cos/sin of (T, D)."""
     cos, sin = cos_full[None, :, None, :], sin_full[None, :, None, :]
@@ -123,6 +135,25 @@ def rope_eager(q, k, cos_full, sin_full):
 def cross_entropy_eager(logits, target, ignore_index=-100):
     # The usual training recipe upcasts the logits for a stable log-softmax.
     return F.cross_entropy(logits.float(), target, ignore_index=ignore_index)
+
+
+# The options cell: every option of issue 25 on at once, at values models use (Gemma 2's softcap,
+# PaLM's z-loss); its goal is ours within 5% of our plain loss at the same size.
+CE_OPTIONS = {"label_smoothing": 0.1, "softcap": 30.0, "lse_square_scale": 1e-4}
+
+
+def cross_entropy_options_eager(logits, target, ignore_index=-100):
+    z = CE_OPTIONS["softcap"] * torch.tanh(logits.float() / CE_OPTIONS["softcap"])
+    loss = F.cross_entropy(
+        z, target, ignore_index=ignore_index, label_smoothing=CE_OPTIONS["label_smoothing"]
+    )
+    counted = target != ignore_index
+    lse = torch.logsumexp(z, dim=-1)
+    return loss + CE_OPTIONS["lse_square_scale"] * (lse.square() * counted).sum() / counted.sum()
+
+
+def cross_entropy_options_ours(logits, target):
+    return cross_entropy(logits, target, **CE_OPTIONS)
 
 
 def linear_cross_entropy_eager(x, weight, target, ignore_index=-100):
@@ -157,10 +188,23 @@ def liger_ops() -> dict:
         "rms_norm": lambda x, w: LigerRMSNormFunction.apply(x, w, 1e-6),
         "gelu": "Liger-Kernel 0.8.5 has no standalone GELU (only GEGLU)",
         "swiglu": LigerSiLUMulFunction.apply,
+        "geglu": LigerGELUMulFunction.apply,
         "rope": liger_rope,
         "cross_entropy": lambda logits, target: LigerCrossEntropyFunction.apply(logits, target, None, -100)[
             0
         ],
+        "cross_entropy_options": lambda logits, target: _first(
+            LigerCrossEntropyFunction.apply(
+                logits,
+                target,
+                None,
+                -100,
+                CE_OPTIONS["lse_square_scale"],
+                CE_OPTIONS["label_smoothing"],
+                "mean",
+                CE_OPTIONS["softcap"],
+            )
+        ),  # fmt: skip
         "fused_linear_cross_entropy": lambda x, w, target: _first(
             LigerFusedLinearCrossEntropyFunction.apply(x, w, target)
         ),
@@ -216,7 +260,7 @@ def _pass_bytes(fwd: int, bwd: int) -> dict[str, int]:
 def kernel_passes(kernel: str) -> tuple[str, ...]:
     """Cross-entropy's gradient is computed in our forward, so only forward+backward compares like
     with like; quantisation has no backward."""
-    if kernel in ("cross_entropy", "fused_linear_cross_entropy"):
+    if kernel in ("cross_entropy", "cross_entropy_options", "fused_linear_cross_entropy"):
         return ("fwd+bwd",)
     if kernel.startswith("fp8"):
         return ("fwd",)
@@ -232,14 +276,16 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         "rms_norm": rms_norm,
         "gelu": gelu,
         "swiglu": swiglu,
+        "geglu": geglu,
         "rope": rope,
         "cross_entropy": cross_entropy,
+        "cross_entropy_options": cross_entropy_options_ours,
         "fused_linear_cross_entropy": fused_linear_cross_entropy,
         "fp8_row": functools.partial(quantize_fp8, granularity="row"),
         "fp8_block": functools.partial(quantize_fp8, granularity="block", block=128),
     }
     compiled, liger_fn = None, liger[kernel]
-    if kernel in ("rms_norm", "gelu", "swiglu"):
+    if kernel in ("rms_norm", "gelu", "swiglu", "geglu"):
         # Row-wise or elementwise: outputs and upstream gradients of the input's shape.
         if kernel == "rms_norm":
             args = [
@@ -253,7 +299,7 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
             n_in = 1 if kernel == "gelu" else 2
             args = [_randn(tokens, width, dtype=dtype, requires_grad=True) for _ in range(n_in)]
             fwd, bwd = (n_in + 1) * elems * b, (2 * n_in + 1) * elems * b
-            eager = gelu_eager if kernel == "gelu" else swiglu_eager
+            eager = {"gelu": gelu_eager, "swiglu": swiglu_eager, "geglu": geglu_eager}[kernel]
         grad_outs, nbytes = [_randn(tokens, width, dtype=dtype)], _pass_bytes(fwd, bwd)
     elif kernel == "rope":
         d = ROPE_HEAD_DIM
@@ -274,12 +320,12 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         if not isinstance(liger_fn, str):
             liger_rope = liger_fn
             liger_fn = lambda q, k, c, s: liger_rope(q, k, cos_full, sin_full)
-    elif kernel == "cross_entropy":
+    elif kernel in ("cross_entropy", "cross_entropy_options"):
         logits = _randn(tokens, width, dtype=dtype, requires_grad=True)
         target = torch.randint(0, width, (tokens,), device=DEVICE)
         target[::97] = -100  # a few ignored positions (padding)
         args, grad_outs, nbytes = [logits, target], None, {"fwd+bwd": 2 * elems * b + tokens * 8}
-        eager = cross_entropy_eager
+        eager = cross_entropy_eager if kernel == "cross_entropy" else cross_entropy_options_eager
     elif kernel == "fused_linear_cross_entropy":
         # width is the vocabulary; GB/s counts x, W read and dx, dW written once (the floor is the GEMMs).
         hidden = FLCE_HIDDEN

@@ -54,3 +54,48 @@ def test_render_names_the_ratio_column_and_plots(tmp_path):
     )
     assert report.REPORT.title.startswith("kernel_suite — ")
     assert report.headline(pd.DataFrame()) == []
+
+
+def test_fused_linear_cross_entropy_goal_is_time_against_compile_and_memory_at_once(tmp_path):
+    report = phase_module("kernel_suite", "report")
+    flce = [("ours", 77.3, 1.71), ("compile", 75.9, 8.41), ("liger", 92.5, 1.32), ("eager", 107.4, 25.2)]
+    rows = pd.DataFrame(
+        [
+            {
+                "gpu": "NVIDIA H100 80GB HBM3", "variant": variant, "shape": "16384x128256", "dtype": "bf16",
+                "status": "ok", "error": "", "kernel": "fused_linear_cross_entropy", "pass": "fwd+bwd", "ms": ms,
+                "gbps": 30.0, "copy_gbps": 2900.0, "pct_copy": 1.0, "host_ms": ms, "device_ms": ms, "extra_mem_gb": gb, "rel_err": 3e-3, "utc": "2026-11-25T15:00:00Z", "run_group": "g2",
+            }
+            for variant, ms, gb in flce
+        ]
+    )  # fmt: skip
+    (verdict,) = report.headline(rows)
+    assert verdict.baseline == "compile" and verdict.verdict() == "met"  # 75.9 / 77.3 = 0.98 >= 1 / 1.05
+    text = report.render(rows, Figures("kernel_suite", tmp_path, "NVIDIA H100 80GB HBM3"))
+    line = next(line for line in text.splitlines() if line.startswith("- 16384x128256"))
+    assert (
+        "1.018x compile's" in line and "1.59 GiB beyond the inputs (met)" in line and "Liger 92.50 ms" in line
+    )
+    slow = rows.assign(extra_mem_gb=rows["extra_mem_gb"].where(rows["variant"] != "ours", 2.5))
+    text = report.render(slow, Figures("kernel_suite", tmp_path, "NVIDIA H100 80GB HBM3"))
+    assert "2.33 GiB beyond the inputs (missed)" in text
+
+
+def test_the_options_cost_is_taken_against_the_plain_loss_of_the_same_run(tmp_path):
+    report = phase_module("kernel_suite", "report")
+    cells = [("cross_entropy", "g3", 3.2), ("cross_entropy_options", "g3", 3.3)]
+    rows = pd.DataFrame(
+        [
+            {
+                "gpu": "NVIDIA H100 80GB HBM3", "variant": "ours", "shape": "16384x128256", "dtype": "bf16",
+                "status": "ok", "error": "", "kernel": kernel, "pass": "fwd+bwd", "ms": ms, "gbps": 2600.0,
+                "copy_gbps": 2900.0, "pct_copy": 90.0, "host_ms": ms, "device_ms": ms, "extra_mem_gb": 4.2,
+                "rel_err": 3e-3, "utc": "2026-11-25T15:00:00Z", "run_group": group,
+            }
+            for kernel, group, ms in cells
+        ]
+    )  # fmt: skip
+    figures = Figures("kernel_suite", tmp_path, "NVIDIA H100 80GB HBM3")
+    assert "3.300 ms with the options against 3.200 ms plain, 1.031x (met)" in report.render(rows, figures)
+    apart = rows.assign(run_group=["g3", "g4"])
+    assert "different runs; no ratio" in report.render(apart, figures)
