@@ -2,13 +2,11 @@
 untuned default, the spread of the fresh tunes' picks, the first training step with and without the
 table, and the sm_80 compile check behind the A100 table."""
 
-import json
-
 import pandas as pd
 
 from common.report import PhaseReport, Verdict, failures_table, markdown_table, select_latest
 
-from .tables import SM80_RESULTS, sm80_usable
+from .tables import SM80_RESULTS, load_sm80, sm80_usable
 
 PHASE = "11_autotune"
 TITLE = "11_autotune — tuned configs per GPU and dtype, kept in tables, looked up instead of tuning"
@@ -53,9 +51,8 @@ def headline(df: pd.DataFrame) -> list[Verdict]:
 
 def sm80_section() -> str:
     """The committed sm_80 compile results: per kernel, configs compiled and usable on an A100."""
-    try:
-        results = json.loads(SM80_RESULTS.read_text())
-    except (OSError, json.JSONDecodeError):
+    results = load_sm80(SM80_RESULTS)
+    if results is None:
         return "_no sm_80 compile results committed_\n"
     rows = pd.DataFrame(results["rows"])
     usable = sm80_usable(results)

@@ -46,7 +46,7 @@ CPU -- ``fp8_attention`` and ``fp8_attention_forward`` run the bf16 kernels of `
 makes that an error. The kernels themselves also run in Triton's interpreter (``_fp8_forward``,
 what the CPU tests and phase 05's CPU run call): its fp8 dots are right, but its fp32 → e4m3 cast
 drops the carry when rounding crosses a power of two, so there every conversion first rounds
-exactly (``EXACT_CAST``, ``tritonlab.ops.fp8._round_to_e4m3``) and the cast then only stores the
+exactly (``EXACT_CAST``, ``tritonlab.ops.fp8.round_to_e4m3``) and the cast then only stores the
 bits; on the GPU the hardware conversion rounds the same way in one instruction.
 """
 
@@ -59,7 +59,7 @@ import triton.language as tl
 
 from .._launch import LaunchCache, autotune_for_launch, constexpr_tail, signature_key, use_descriptor_scratch
 from .._runtime import INTERPRET
-from ..ops.fp8 import FP8_DTYPE, FP8_MAX, _round_to_e4m3
+from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures
 from ..tuning_tables import autotune
 from ._common import (
@@ -102,7 +102,7 @@ GRAD_BOUND = 0.05
 def _to_e4m3(x, EXACT_CAST: tl.constexpr):
     """fp32 ``x`` (|x| ≤ 448 up to rounding) to e4m3, round to nearest even, saturating at ±448."""
     if EXACT_CAST:  # the interpreter: its own cast mis-rounds (see the module docstring)
-        return _round_to_e4m3(tl.clamp(x, -_E4M3_MAX, _E4M3_MAX)).to(tl.float8e4nv)
+        return round_to_e4m3(tl.clamp(x, -_E4M3_MAX, _E4M3_MAX)).to(tl.float8e4nv)
     return x.to(tl.float8e4nv)
 
 

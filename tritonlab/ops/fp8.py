@@ -23,7 +23,7 @@ GRANULARITIES = ("row", "block")
 
 
 @triton.jit
-def _round_to_e4m3(v):
+def round_to_e4m3(v):
     """Round fp32 ``v`` (|v| <= 448) to the nearest e4m3 value, ties to even, so the cast after it is exact.
 
     The GPU's conversion rounds the same way; doing it here makes the interpreter (whose fp8 cast drops
@@ -65,7 +65,7 @@ def _quantize_kernel(
     amax = tl.max(tl.abs(x), axis=2)
     scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
     q = tl.clamp(x * (1.0 / scale)[:, :, None], -448.0, 448.0)  # clamp: x*(1/scale) may round past 448
-    tl.store(Q + rows * stride_q + cols, _round_to_e4m3(q).to(Q.dtype.element_ty), mask=mask)
+    tl.store(Q + rows * stride_q + cols, round_to_e4m3(q).to(Q.dtype.element_ty), mask=mask)
     tl.store(
         SCALES + row_ids[:, None] * stride_s + group_ids[None, :],
         scale,
@@ -175,4 +175,4 @@ def dequantize_fp8(
     return y.view(q.shape)
 
 
-__all__ = ["FP8_DTYPE", "FP8_MAX", "dequantize_fp8", "quantize_fp8"]
+__all__ = ["FP8_DTYPE", "FP8_MAX", "dequantize_fp8", "quantize_fp8", "round_to_e4m3"]
