@@ -60,12 +60,8 @@ demo,liger,s,bf16,timeout,killed,,H100,2026-04-01T00:00:02Z,r5,r5,1e5
 )
 
 
-def test_a_run_cut_short_does_not_hide_the_complete_run_before_it(tmp_path):
-    df = pd.read_csv(pd.io.common.StringIO(CUT_SHORT), dtype={"git_commit": str})
-    picked = select_verdict_runs(df, ["shape", "dtype"], ours=["fast"])
-    assert set(picked.loc[picked["gpu"] == "H100", "run_group"]) == {"r4"}  # r5 lacks liger, r4's best
-    assert set(picked.loc[picked["gpu"] == "A100", "run_group"]) == {"r3"}  # a cell of failures stays
-    verdict = best_baseline_verdict(
+def three_baseline_verdict(df):
+    return best_baseline_verdict(
         "demo",
         df,
         cell="s",
@@ -74,6 +70,14 @@ def test_a_run_cut_short_does_not_hide_the_complete_run_before_it(tmp_path):
         baselines=["base", "liger", "eager"],
         goal=1.0,
     )
+
+
+def test_a_run_cut_short_does_not_hide_the_complete_run_before_it(tmp_path):
+    df = pd.read_csv(pd.io.common.StringIO(CUT_SHORT), dtype={"git_commit": str})
+    picked = select_verdict_runs(df, ["shape", "dtype"], ours=["fast"])
+    assert set(picked.loc[picked["gpu"] == "H100", "run_group"]) == {"r4"}  # r5 lacks liger, r4's best
+    assert set(picked.loc[picked["gpu"] == "A100", "run_group"]) == {"r3"}  # a cell of failures stays
+    verdict = three_baseline_verdict(df)
     # r4: liger 6.0 over ours 4.5, never r5's eager 40 over 4.2 (nor a mix of the two runs).
     assert verdict.baseline == "liger" and verdict.ratio == pytest.approx(6.0 / 4.5)
 
@@ -83,15 +87,7 @@ def test_a_rerun_beside_only_the_best_baseline_counts():
     rerun = CUT_SHORT + "demo,fast,s,bf16,ok,,4.0,H100,2026-05-01T00:00:00Z,r6,r6,1e5\n"
     rerun += "demo,liger,s,bf16,ok,,6.4,H100,2026-05-01T00:00:01Z,r6,r6,1e5\n"
     df = pd.read_csv(pd.io.common.StringIO(rerun), dtype={"git_commit": str})
-    verdict = best_baseline_verdict(
-        "demo",
-        df,
-        cell="s",
-        where={"shape": "s"},
-        ours="fast",
-        baselines=["base", "liger", "eager"],
-        goal=1.0,
-    )
+    verdict = three_baseline_verdict(df)
     assert verdict.ratio == pytest.approx(6.4 / 4.0)
 
 
