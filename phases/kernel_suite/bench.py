@@ -52,7 +52,12 @@ try:  # optional: `uv sync --extra liger`; without it Liger's cells are rows say
 except (ImportError, RuntimeError) as err:  # not installed, or a Triton/driver error on import
     LIGER_MISSING = f"liger-kernel not importable ({type(err).__name__}: {err})"[:200]
 
-VARIANTS = ("ours", "eager", "compile", "liger")
+VARIANTS = ("ours", "ours-unchecked", "eager", "compile", "liger")
+# The losses that wait, once per call, for a count of out-of-range targets read back to the host;
+# "ours-unchecked" times them with check_targets=False, to show what that wait costs where the host
+# is the bound (small sizes). The fused linear cross-entropy waits once per call too, behind GEMMs
+# of tens of milliseconds: not offered there.
+TARGET_CHECKED = ("cross_entropy", "cross_entropy_options")
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
 # (tokens, width) per kernel and size set; rope's width is heads x head_dim of q (k has a quarter
@@ -152,8 +157,8 @@ def cross_entropy_options_eager(logits, target, ignore_index=-100):
     return loss + CE_OPTIONS["lse_square_scale"] * (lse.square() * counted).sum() / counted.sum()
 
 
-def cross_entropy_options_ours(logits, target):
-    return cross_entropy(logits, target, **CE_OPTIONS)
+def cross_entropy_options_ours(logits, target, check_targets=True):
+    return cross_entropy(logits, target, **CE_OPTIONS, check_targets=check_targets)
 
 
 def linear_cross_entropy_eager(x, weight, target, ignore_index=-100):
@@ -348,6 +353,8 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         "compile": compiled or _compiled(eager),
         "liger": liger_fn,
     }
+    if kernel in TARGET_CHECKED:
+        functions["ours-unchecked"] = functools.partial(functions["ours"], check_targets=False)
     return Case(kernel, tokens, width, args, grad_outs, nbytes, functions, kernel_passes(kernel))
 
 
@@ -512,7 +519,11 @@ def count_cells(kernels, variants, passes, sizes) -> int:
     for kernel in kernels:
         per_variant = len([p for p in kernel_passes(kernel) if p in passes])
         for _ in sizes_of(kernel, sizes):
-            n += sum(1 if v == "liger" and isinstance(liger[kernel], str) else per_variant for v in variants)
+            n += sum(
+                1 if v == "liger" and isinstance(liger[kernel], str) else per_variant
+                for v in variants
+                if v != "ours-unchecked" or kernel in TARGET_CHECKED
+            )
     return n
 
 
@@ -530,6 +541,8 @@ def cells(kernels, variants, passes, sizes, dtype_name: str, bench_kw: dict) -> 
             group = _CaseCells(kernel, tokens, width, dtype, liger)
             key = {"kernel": kernel, "tokens": tokens, "width": width}
             for variant in variants:
+                if variant == "ours-unchecked" and kernel not in TARGET_CHECKED:
+                    continue  # nothing to uncheck
                 if variant == "liger" and isinstance(liger[kernel], str):
                     yield Cell(
                         variant,

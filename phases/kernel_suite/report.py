@@ -15,6 +15,8 @@ from common.report import (
 from .names import KERNELS
 
 BASELINES = ("eager", "compile", "liger")
+# Ours without the target check (cross-entropy's check_targets=False): not a baseline, a measure of the check.
+UNCHECKED = "ours-unchecked"
 MEMORY_BOUND = ("rms_norm", "gelu", "swiglu", "geglu", "rope", "fp8_row", "fp8_block")
 COPY_GOAL_PCT = 90.0
 # Medians of the same cell move by about 1-2% between runs on this machine: closer than that is a tie.
@@ -64,7 +66,7 @@ def _kernel_table(rows: pd.DataFrame) -> pd.DataFrame:
     for (shape, pass_), cell in rows.groupby(["shape", "pass"], sort=False):
         by_variant = cell.set_index("variant")
         line = {"shape": shape, "pass": pass_}
-        for variant in ("ours", *BASELINES):
+        for variant in ("ours", UNCHECKED, *BASELINES):
             line[f"{variant} ms"] = by_variant["ms"].get(variant, float("nan"))
         ours, others = _ours_and_others(cell)
         mine = ours if ours is not None else pd.Series(dtype=float)
@@ -85,6 +87,8 @@ def _kernel_table(rows: pd.DataFrame) -> pd.DataFrame:
             line[column] = mine.get(key, float("nan"))
         lines.append(line)
     table = pd.DataFrame(lines)
+    if table[f"{UNCHECKED} ms"].isna().all():  # only the losses with a target check have it
+        table = table.drop(columns=f"{UNCHECKED} ms")
     table["_elems"] = table["shape"].map(_elements)
     order = {"fwd": 0, "bwd": 1, "fwd+bwd": 2}
     table["_pass"] = table["pass"].map(order)
@@ -164,7 +168,28 @@ def _goals(ok: pd.DataFrame) -> str:
             f"memory beyond the logits {row['extra_mem_gb']:.3f} GB against {grad_gb:.3f} GB for their gradient "
             f"({memory}).\n"
         )
-    return text + _options_goal(ok) + _flce_goals(ok)
+    return text + _options_goal(ok) + _check_cost(ok) + _flce_goals(ok)
+
+
+def _check_cost(ok: pd.DataFrame) -> str:
+    """Per cross-entropy cell: ours against ours without the target check, from the same run."""
+    lines = []
+    mine = ok.loc[ok["variant"].isin(["ours", UNCHECKED])]
+    for (kernel, shape, _), cell in mine.groupby(["kernel", "shape", "pass"]):
+        by_variant = cell.set_index("variant")
+        if set(by_variant.index) != {"ours", UNCHECKED} or by_variant["run_group"].nunique() > 1:
+            continue
+        checked, unchecked = by_variant.loc["ours"], by_variant.loc[UNCHECKED]
+        lines.append(
+            f"- {kernel} {shape}: {checked['ms']:.3f} ms checked, {unchecked['ms']:.3f} ms unchecked "
+            f"({checked['ms'] / unchecked['ms']:.2f}x)"
+        )
+    if not lines:
+        return ""
+    return (
+        "\nWhat the target check costs (ours with `check_targets=True`, the default, against `False`; "
+        "one run per line):\n\n" + "\n".join(lines) + "\n"
+    )
 
 
 def _options_goal(ok: pd.DataFrame) -> str:

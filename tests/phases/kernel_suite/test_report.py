@@ -99,3 +99,24 @@ def test_the_options_cost_is_taken_against_the_plain_loss_of_the_same_run(tmp_pa
     assert "3.300 ms with the options against 3.200 ms plain, 1.031x (met)" in report.render(rows, figures)
     apart = rows.assign(run_group=["g3", "g4"])
     assert "different runs; no ratio" in report.render(apart, figures)
+
+
+def test_the_target_check_cost_compares_ours_with_and_without_it(tmp_path):
+    report = phase_module("kernel_suite", "report")
+    cells = [("ours", 1.12), ("ours-unchecked", 0.40), ("compile", 0.73)]
+    rows = pd.DataFrame(
+        [
+            {
+                "gpu": "NVIDIA H100 80GB HBM3", "variant": variant, "shape": "4096x32000", "dtype": "bf16",
+                "status": "ok", "error": "", "kernel": "cross_entropy", "pass": "fwd+bwd", "ms": ms, "gbps": 500.0,
+                "copy_gbps": 2900.0, "pct_copy": 20.0, "host_ms": ms, "device_ms": 0.26, "extra_mem_gb": 0.26,
+                "rel_err": 3e-3, "utc": "2026-11-25T15:00:00Z", "run_group": "g5",
+            }
+            for variant, ms in cells
+        ]
+    )  # fmt: skip
+    text = report.render(rows, Figures("kernel_suite", tmp_path, "NVIDIA H100 80GB HBM3"))
+    assert "- cross_entropy 4096x32000: 1.120 ms checked, 0.400 ms unchecked (2.80x)" in text
+    assert "ours-unchecked ms" in text
+    (verdict,) = report.headline(rows)
+    assert verdict.baseline == "compile"  # ours without the check is not a baseline
