@@ -166,6 +166,27 @@ def test_modes(tmp_path, monkeypatch):
         Toy(tmp_path)(100)
 
 
+def test_full_mode_times_afresh_even_with_tritons_disk_cache_on(tmp_path, monkeypatch):
+    # TRITON_CACHE_AUTOTUNING=1 would hand back earlier timings as if measured now: not under "full".
+    from triton.runtime.autotuner import Autotuner
+
+    disk_reads = []
+
+    def cached(self, key, configs, bench_fn):
+        disk_reads.append(key)
+        bench_fn()
+        return False
+
+    monkeypatch.setattr(Autotuner, "check_disk_cache", cached)
+    for mode, reads in (("full", 0), ("table", 1)):
+        disk_reads.clear()
+        monkeypatch.setenv(tt.ENV_VAR, mode)
+        toy = Toy(tmp_path)  # no table here: "table" tunes as without one
+        toy.kernel.cache_results = True  # as the environment variable sets it on a GPU
+        assert toy(100).kwargs == {"BLOCK": 32} and len(toy.timed) == 2
+        assert len(disk_reads) == reads and toy.kernel.cache_results
+
+
 def test_table_round_trip_and_entry_checks(tmp_path):
     path = _write_table(tmp_path, {_key(100): CONFIGS[1]})
     table = tt.ConfigTable.load(path)
