@@ -14,7 +14,7 @@ adds its goals and, 04, its own flags.
 
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
@@ -44,6 +44,7 @@ from .runner import Cell, check_close, run_cells, timed
 from .timing import graph_replay
 
 HEADS, HEAD_DIM = 8, 64
+HEAD_DIMS = (64, 128)  # --head-dim: the model's, and the one most language models use
 TNP_SHAPES = tuple(SHAPES)  # small, mid, large, tiny
 GPU_SHAPES = ("small", "mid", "large")
 CPU_SWEEP_LK = (40, 90)
@@ -124,7 +125,20 @@ def add_case_arguments(parser) -> None:
         help=f"the sweep's Lk values (default {' '.join(map(str, SWEEP_LK))}; on the CPU "
         f"{' '.join(map(str, CPU_SWEEP_LK))}, at most {CPU_MAX_LK})",
     )  # fmt: skip
+    parser.add_argument(
+        "--head-dim", type=int, choices=HEAD_DIMS, default=HEAD_DIM,
+        help=f"every case's head dim (default {HEAD_DIM}, the TransformerNP's); another keeps H·D = "
+        f"{HEADS * HEAD_DIM} (fewer heads) and names the shapes with a suffix, e.g. mid-d128",
+    )  # fmt: skip
     parser.set_defaults(dtype=DEFAULT_DTYPE)
+
+
+def with_head_dim(case: Case, head_dim: int) -> Case:
+    """``case`` at another head dim, the model width H·D kept: e.g. mid-d128 has 4 heads of 128."""
+    if head_dim == case.head_dim:
+        return case
+    width = case.heads * case.head_dim
+    return replace(case, name=f"{case.name}-d{head_dim}", heads=width // head_dim, head_dim=head_dim)
 
 
 def cases_from(parser, args) -> list[Case]:
@@ -140,7 +154,7 @@ def cases_from(parser, args) -> list[Case]:
                 f"--sweep-lk: at most {CPU_MAX_LK} in Triton's interpreter on the CPU, got {max(lks)}"
             )
         cases += [sweep_case(lk) for lk in lks]
-    return cases
+    return [with_head_dim(case, getattr(args, "head_dim", HEAD_DIM)) for case in cases]
 
 
 def make_inputs(case: Case, dtype: torch.dtype, grad: bool, seed: int = 0):

@@ -29,6 +29,7 @@ def test_help_and_bad_values(capsys):
         (["--shape", "huge"], 2),
         (["--dtype", "fp32"], 2),
         (["--mode", "bwd"], 2),
+        (["--head-dim", "96"], 2),
     ):
         with pytest.raises(SystemExit) as exit_:
             run_phase("05", argv)
@@ -61,6 +62,16 @@ def test_tiny_run_checks_and_times_the_fp8_kernels_with_their_errors(tmp_path, c
         )  # FP8 costs accuracy, within bounds
     assert fp8["config"].startswith("interpreter:") and fp8["dq_config"].startswith("interpreter:")
     assert "CPU smoke runs" in (tmp_path / "05_fp8_attn.md").read_text()
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU smoke run")
+def test_head_dim_128_keeps_the_width_and_names_its_shapes(tmp_path):
+    run_phase("05", ["--out", str(tmp_path), "--mode", "fwd", "--head-dim", "128"])
+    rows = pd.concat(pd.read_csv(p) for p in (tmp_path / "data" / "05_fp8_attn").glob("*.csv"))
+    assert (rows["status"] == "ok").all(), rows[["variant", "error"]]
+    assert (
+        set(rows["shape"]) == {"tiny-d128"} and set(rows["head_dim"]) == {128} and set(rows["heads"]) == {4}
+    )
 
 
 def test_report_renders_the_bf16_comparison_and_the_headline(tmp_path):
