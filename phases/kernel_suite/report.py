@@ -276,7 +276,7 @@ def _final_table(ok: pd.DataFrame) -> str:
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    df = select_verdict_runs(df, ["kernel", "shape", "dtype", "pass"], ours=["ours"])
+    df = select_verdict_runs(df, ["kernel", "shape", "dtype", "pass"], ours=["ours", UNCHECKED])
     ok = df.loc[df["status"] == "ok"]
     parts = [
         "Each kernel against PyTorch eager, `torch.compile` of the same eager code and Liger-Kernel, bf16, "
