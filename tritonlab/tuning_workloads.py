@@ -169,3 +169,29 @@ def workloads(shapes=TNP_SHAPES, dtypes=(torch.bfloat16,), functions=tuple(FUNCT
 def import_kernels() -> None:
     """Import every module that registers an autotuned kernel, so the registry is complete."""
     from . import attention, grouped_gemm, mlp, sparse_ffn  # noqa: F401
+
+
+def stale_entries(table_dir=None) -> list[tuple[str, str, str]]:
+    """(file, kernel, key) of every table entry whose config is not in its kernel's search space
+    (FlashAttention-2's: not among its ``TUNE_CANDIDATES``); at launch such an entry is ignored with
+    a warning and the kernel tunes. The search spaces are the GPU's: under Triton's interpreter the
+    kernels are built with smaller ones, so call this in a process without ``TRITON_INTERPRET``."""
+    from .attention import flash2
+    from .tuning_tables import TABLE_DIR, TUNER, ConfigTable, config_id
+
+    import_kernels()
+    stale = []
+    for path in sorted((table_dir or TABLE_DIR).glob("*_*.json")):
+        if path.stem == "sm80_compile":  # the compile results behind the A100 table, not a table
+            continue
+        for name, entries in ConfigTable.load(path).entries.items():
+            for key, entry in entries.items():
+                if name.startswith("flash2."):
+                    candidates = flash2.TUNE_CANDIDATES[name.removeprefix("flash2.")]
+                    known = flash2.tiles_from_entry(entry["config"]) in candidates
+                else:
+                    kernel = TUNER.kernels.get(name)
+                    known = kernel is not None and kernel.config_named(config_id(entry["config"])) is not None
+                if not known:
+                    stale.append((path.name, name, key))
+    return stale

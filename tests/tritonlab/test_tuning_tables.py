@@ -4,6 +4,9 @@ a fake timer that counts how often the autotuner times a candidate."""
 
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -325,3 +328,22 @@ def test_a_table_launch_matches_the_autotuned_path_on_gpu(function, tmp_path, mo
     for before, after in zip(tuned, again, strict=True):
         assert torch.equal(before, after)
     tuner.forget()
+
+
+def test_every_committed_entry_names_a_config_of_its_kernels_search_space():
+    # A search space edited without re-tuning would make its entries stale: ignored at launch with a
+    # warning, so the kernel tunes at a user's first call. The GPU's search spaces are built only
+    # outside the interpreter: a fresh process without TRITON_INTERPRET (no GPU needed to build them).
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "import json; from tritonlab.tuning_workloads import stale_entries; print(json.dumps(stale_entries()))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    assert {p.stem for p in tt.TABLE_DIR.glob("*.json")} >= {"h100_bf16", "h100_fp8", "a100_bf16"}
+
+
+def test_a_stale_entry_is_found(tmp_path):
+    _write_table(tmp_path, {_key(100): triton.Config({"BLOCK": 48}, num_warps=4)}, dtype="bf16")
+    (tmp_path / "h100_bf16.json").write_text(
+        (tmp_path / "h100_bf16.json").read_text().replace("toy.scale", "attention.forward")
+    )
+    assert tuning_workloads.stale_entries(tmp_path) == [("h100_bf16.json", "attention.forward", _key(100))]
