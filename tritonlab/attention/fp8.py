@@ -449,8 +449,8 @@ def fp8_attention_forward(
 
     Speed (H100, D = 64, phase 05): 0.97-1.03x the bf16 ``attention_forward`` at 10 000-200 000
     keys, where the softmax rather than the products bounds both; 0.5x at 64 keys, where the
-    separate K/V quantisation launch costs as much as the forward. What FP8 buys here is the
-    halved K/V footprint, not time.
+    separate K/V quantisation launch costs as much as the forward. At D = 64 it buys no time;
+    D = 128 is not measured yet.
     """
     scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8)
     if use_fp8:
