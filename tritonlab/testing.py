@@ -1,6 +1,7 @@
 """Helpers for checking kernels against references, shared by the tests and the benchmarks.
 
 - ``rel_err``: ``||got - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN, which fails any bound);
+- ``model_qkv``: q, k, v laid out as the TransformerNP makes them (strided views of its projections);
 - ``same_layout_leaf``: a fresh leaf tensor that keeps a view's strides (``clone()`` would make it dense);
 - ``output_and_grads`` / ``check_against_float64``: a function's output and input gradients
   against a reference run in float64 on the same inputs;
@@ -12,6 +13,8 @@
 import contextlib
 
 import torch
+
+from ._runtime import kernel_device_type
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -35,6 +38,18 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor, scale: float = 0.0) -> float:
 
 def max_abs_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return (got.detach().double() - ref.detach().double()).abs().max().item()
+
+
+def model_qkv(B, H, Lq, Lk, D, dtype=torch.bfloat16, scale_inputs=1.0, seed=0, device=None):
+    """q, k, v as the TransformerNP makes them: transposed views of (B, L, H·D) projections, on the
+    device the kernels take (``device``, by default the GPU, or the CPU in Triton's interpreter)."""
+    device = device or kernel_device_type()
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, Lq, H * D, generator=g, device=device) * scale_inputs
+    kv = torch.randn(B, Lk, 2 * H * D, generator=g, device=device) * scale_inputs
+    q = q.to(dtype).view(B, Lq, H, D).transpose(1, 2)
+    kv = kv.to(dtype).view(B, Lk, 2, H, D)
+    return q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
 
 
 def same_layout_leaf(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -10,7 +10,7 @@ from tritonlab._runtime import kernel_device_type
 from tritonlab.attention import attention, fused_attention, reference_attention
 from tritonlab.attention.backward import _INTERPRETER_CONFIG, _plan_query_chunks
 from tritonlab.attention.fused import _drop_spilling
-from tritonlab.testing import check_against_float64, poisoned_empty
+from tritonlab.testing import check_against_float64, model_qkv, poisoned_empty
 from tritonlab.tuning import ConfigRecord
 
 DEVICE = kernel_device_type()
@@ -19,24 +19,12 @@ TOLERANCE = {torch.float32: 5e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 FUNCTIONS = {"two-pass": attention, "fused": fused_attention}
 
 
-def strided_inputs(B, H, Lq, Lk, D, dtype, scale_inputs=1.0, seed=0):
-    """q, k, v as the TransformerNP makes them: transposed views of (B, L, H·D) projections."""
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    q = torch.randn(B, Lq, H * D, generator=g, device=DEVICE) * scale_inputs
-    kv = torch.randn(B, Lk, 2 * H * D, generator=g, device=DEVICE) * scale_inputs
-    q = q.to(dtype).view(B, Lq, H, D).transpose(1, 2)
-    kv = kv.to(dtype).view(B, Lk, 2, H, D)
-    return q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-
-
 def gradient_errors(fn, B, H, Lq, Lk, D, dtype, scale_inputs=1.0, seed=0, scale=None) -> dict:
     """Errors max |ours − float64| / max(max |float64|, 1) of o, dq, dk, dv, on poisoned outputs.
 
     Relative to the largest reference value, floored at 1 so that a gradient that is exactly zero
     (one key: the softmax is constant) is not divided by nothing."""
-    q, k, v = (
-        t.detach().requires_grad_() for t in strided_inputs(B, H, Lq, Lk, D, dtype, scale_inputs, seed)
-    )
+    q, k, v = (t.detach().requires_grad_() for t in model_qkv(B, H, Lq, Lk, D, dtype, scale_inputs, seed))
     do = torch.randn(
         B, H, Lq, D, generator=torch.Generator(device=DEVICE).manual_seed(seed + 1), device=DEVICE
     ).to(dtype)
@@ -73,7 +61,7 @@ def test_gradients_match_float64(name, B, H, Lq, Lk, D, dtype):
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_relative_errors_of_every_gradient(name):
     # The shared helper's measure: ||got - ref|| / ||ref|| of o, dq, dk, dv in float32, a custom scale.
-    q, k, v = strided_inputs(2, 2, 21, 13, 16, torch.float32)
+    q, k, v = model_qkv(2, 2, 21, 13, 16, torch.float32)
     fn = lambda a, b, c: FUNCTIONS[name](a, b, c, 0.2)  # noqa: E731
     reference = lambda a, b, c: reference_attention(a, b, c, 0.2)[0]  # noqa: E731
     check_against_float64(fn, reference, (q, k, v), torch.randn_like(q), 1e-5, ("o", "dq", "dk", "dv"))
@@ -95,7 +83,7 @@ def test_query_chunks_split_short_keys_and_stay_whole_for_long_keys():
 
 
 def test_both_backwards_are_deterministic_and_agree():
-    q, k, v = (t.requires_grad_() for t in strided_inputs(1, 2, 100, 70, 16, torch.float16))
+    q, k, v = (t.requires_grad_() for t in model_qkv(1, 2, 100, 70, 16, torch.float16))
     do = torch.randn_like(q)
     results = {}
     for name, fn in FUNCTIONS.items():
@@ -108,7 +96,7 @@ def test_both_backwards_are_deterministic_and_agree():
 
 
 def test_records_name_every_launch():
-    q, k, v = (t.requires_grad_() for t in strided_inputs(1, 1, 9, 5, 16, torch.float32))
+    q, k, v = (t.requires_grad_() for t in model_qkv(1, 1, 9, 5, 16, torch.float32))
     two_pass, fused = ConfigRecord(), ConfigRecord()
     attention(q, k, v, record=two_pass).sum().backward()
     fused_attention(q, k, v, record=fused).sum().backward()
@@ -118,7 +106,7 @@ def test_records_name_every_launch():
 
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_bad_input_is_a_clear_value_error(name):
-    q, k, v = strided_inputs(1, 2, 4, 4, 16, torch.float32)
+    q, k, v = model_qkv(1, 2, 4, 4, 16, torch.float32)
     with pytest.raises(ValueError, match="v: 3 keys"):
         FUNCTIONS[name](q, k, v[:, :, :3])
     with pytest.raises(ValueError, match="scale"):
@@ -176,7 +164,7 @@ def _reference(q, k, v):
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_compiled_matches_eager_and_float64(name, compiled_matches_eager):
     # Odd lengths, the model's strided views; the same kernels run eager and compiled.
-    q, k, v = strided_inputs(2, 3, 21, 13, 16, torch.float32)
+    q, k, v = model_qkv(2, 3, 21, 13, 16, torch.float32)
     do = torch.randn_like(q)
     compiled = compiled_matches_eager(FUNCTIONS[name], (q, k, v), do, 1e-6)
     check_against_float64(compiled, _reference, (q, k, v), do, 1e-5, ("o", "dq", "dk", "dv"))
@@ -184,7 +172,7 @@ def test_compiled_matches_eager_and_float64(name, compiled_matches_eager):
 
 @pytest.mark.parametrize("prefix", ["attention", "fused_attention"])
 def test_custom_ops_fake_matches_real(prefix, custom_op_checks):
-    q, k, v = strided_inputs(2, 2, 19, 7, 16, torch.float32)
+    q, k, v = model_qkv(2, 2, 19, 7, 16, torch.float32)
     forward = getattr(torch.ops.tritonlab, f"{prefix}_forward")
     custom_op_checks(forward, *(t.detach().requires_grad_() for t in (q, k, v)), 0.3)
     o, lse = forward(q, k, v, 0.3)
@@ -194,7 +182,7 @@ def test_custom_ops_fake_matches_real(prefix, custom_op_checks):
 
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_a_record_is_refused_under_compile(name):
-    q, k, v = strided_inputs(1, 1, 5, 3, 16, torch.float32)
+    q, k, v = model_qkv(1, 1, 5, 3, 16, torch.float32)
     record = ConfigRecord()
     compiled = torch.compile(
         lambda *qkv: FUNCTIONS[name](*qkv, record=record), fullgraph=True, backend="eager"
@@ -267,7 +255,7 @@ def test_float32_honours_high_precision_on_gpu(name):
 @pytest.mark.gpu
 def test_fused_kernel_does_not_spill():
     record = ConfigRecord()
-    q, k, v = (t.requires_grad_() for t in strided_inputs(2, 8, 1100, 1000, 64, torch.bfloat16))
+    q, k, v = (t.requires_grad_() for t in model_qkv(2, 8, 1100, 1000, 64, torch.bfloat16))
     fused_attention(q, k, v, record=record).sum().backward()
     assert record.picked["n_spills"] == "0", record
 
@@ -284,7 +272,7 @@ def test_plugged_into_the_model_matches_sdpa_bf16_on_gpu(name):
 def test_inductor_bf16_matches_eager_and_float64_on_gpu(name, compiled_matches_eager):
     # The small shape's geometry (B = 8 tasks of M = 64 context and 500 targets, H = 8, D = 64).
     B, H, Lq, Lk, D = 8, 8, 564, 64, 64
-    q, k, v = strided_inputs(B, H, Lq, Lk, D, torch.bfloat16)
+    q, k, v = model_qkv(B, H, Lq, Lk, D, torch.bfloat16)
     compiled = compiled_matches_eager(FUNCTIONS[name], (q, k, v), torch.randn_like(q), 1e-3, "inductor")
     errors = gradient_errors(compiled, B, H, Lq, Lk, D, torch.bfloat16)
     assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
@@ -295,7 +283,7 @@ def test_inductor_bf16_matches_eager_and_float64_on_gpu(name, compiled_matches_e
 def test_mid_shape_matches_sdpa_on_gpu(name):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = (t.detach().requires_grad_() for t in strided_inputs(4, 8, 11_000, 10_000, 64, torch.bfloat16))
+    q, k, v = (t.detach().requires_grad_() for t in model_qkv(4, 8, 11_000, 10_000, 64, torch.bfloat16))
     do = torch.randn_like(q)
     with poisoned_empty():
         o = FUNCTIONS[name](q, k, v)

@@ -8,7 +8,7 @@ import torch
 
 from tritonlab._runtime import kernel_device_type
 from tritonlab.attention import HEAD_DIMS, IMPLS, attention_forward, reference_attention
-from tritonlab.testing import poisoned_empty, rel_err
+from tritonlab.testing import model_qkv, poisoned_empty, rel_err
 from tritonlab.tuning import ConfigRecord
 
 DEVICE = kernel_device_type()
@@ -17,18 +17,8 @@ GPU = DEVICE == "cuda"
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
 
 
-def strided_inputs(B, H, Lq, Lk, D, dtype, scale_inputs=1.0, seed=0, device=DEVICE):
-    """q, k, v as the TransformerNP makes them: transposed views of (B, L, H·D) projections."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(B, Lq, H * D, generator=g, device=device) * scale_inputs
-    kv = torch.randn(B, Lk, 2 * H * D, generator=g, device=device) * scale_inputs
-    q = q.to(dtype).view(B, Lq, H, D).transpose(1, 2)
-    kv = kv.to(dtype).view(B, Lk, 2, H, D)
-    return q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-
-
 def check_forward(B, H, Lq, Lk, D, dtype, impl="auto", scale_inputs=1.0, scale=None, tol=None):
-    q, k, v = strided_inputs(B, H, Lq, Lk, D, dtype, scale_inputs)
+    q, k, v = model_qkv(B, H, Lq, Lk, D, dtype, scale_inputs)
     with poisoned_empty():
         o, lse = attention_forward(q, k, v, scale, impl=impl)
     o_ref, lse_ref = reference_attention(q, k, v, scale)
@@ -75,14 +65,14 @@ def test_forward_reads_any_strides(impl):
 
 
 def test_output_layout_makes_the_model_reshape_free():
-    q, k, v = strided_inputs(2, 2, 9, 5, 16, torch.float32)
+    q, k, v = model_qkv(2, 2, 9, 5, 16, torch.float32)
     o, _ = attention_forward(q, k, v)
     assert o.transpose(1, 2).reshape(2, 9, 32).data_ptr() == o.data_ptr()
 
 
 def test_the_record_names_the_forward_config():
     record = ConfigRecord()
-    attention_forward(*strided_inputs(1, 1, 9, 5, 16, torch.float32), record=record)
+    attention_forward(*model_qkv(1, 1, 9, 5, 16, torch.float32), record=record)
     assert set(record.picked) == {"forward"} and "BLOCK_M=" in record.picked["forward"]
 
 
@@ -124,7 +114,7 @@ def test_bad_input_is_a_clear_value_error(q, k, v, scale, match):
 
 def test_bad_impl_is_a_clear_value_error():
     with pytest.raises(ValueError, match="impl: unknown 'cp.async'"):
-        attention_forward(*strided_inputs(1, 1, 4, 4, 16, torch.float32), impl="cp.async")
+        attention_forward(*model_qkv(1, 1, 4, 4, 16, torch.float32), impl="cp.async")
 
 
 # --- GPU ---------------------------------------------------------------------------------------
@@ -167,7 +157,7 @@ def test_forward_float32_honours_high_precision_on_gpu():
 def test_forward_mid_shape_within_spec_of_sdpa():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = strided_inputs(4, 8, 11_000, 10_000, 64, torch.bfloat16)
+    q, k, v = model_qkv(4, 8, 11_000, 10_000, 64, torch.bfloat16)
     with poisoned_empty():
         o, _ = attention_forward(q, k, v)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -200,7 +190,7 @@ def test_direct_launch_respecialises_for_a_misaligned_view():
 def test_tma_forward_runs_in_a_fresh_thread():
     # Triton's allocator (scratch for on-device tensor descriptors) is per thread; autograd runs a
     # checkpoint's recomputed forward in a thread of its own.
-    q, k, v = strided_inputs(1, 2, 100, 70, 64, torch.bfloat16)
+    q, k, v = model_qkv(1, 2, 100, 70, 64, torch.bfloat16)
     result = {}
     worker = threading.Thread(target=lambda: result.update(o=attention_forward(q, k, v, impl="tma")[0]))
     worker.start()
@@ -211,5 +201,5 @@ def test_tma_forward_runs_in_a_fresh_thread():
 @pytest.mark.skipif(GPU, reason="the interpreter's fixed config")
 def test_interpreter_record_says_so():
     record = ConfigRecord()
-    attention_forward(*strided_inputs(1, 1, 3, 3, 16, torch.float32), record=record)
+    attention_forward(*model_qkv(1, 1, 3, 3, 16, torch.float32), record=record)
     assert record.picked["forward"].startswith("interpreter:")

@@ -29,21 +29,11 @@ from tritonlab.attention import (
 )
 from tritonlab.attention import fp8 as fp8_module
 from tritonlab.attention.fp8 import ERROR_BOUND, GRAD_BOUND, KV_BLOCK, LSE_BOUND
-from tritonlab.testing import output_and_grads, poisoned_empty, rel_err
+from tritonlab.testing import model_qkv, output_and_grads, poisoned_empty, rel_err
 
 DEVICE = kernel_device_type()
 GPU = DEVICE == "cuda"
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-
-
-def model_inputs(B, H, Lq, Lk, D, dtype=torch.bfloat16, scale_inputs=1.0, seed=0):
-    """q, k, v as the TransformerNP makes them: transposed views of (B, L, H·D) projections."""
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    q = torch.randn(B, Lq, H * D, generator=g, device=DEVICE) * scale_inputs
-    kv = torch.randn(B, Lk, 2 * H * D, generator=g, device=DEVICE) * scale_inputs
-    q = q.to(dtype).view(B, Lq, H, D).transpose(1, 2)
-    kv = kv.to(dtype).view(B, Lk, 2, H, D)
-    return q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
 
 
 def fp8_forward(q, k, v, scale=None):
@@ -88,7 +78,7 @@ def assert_within_e4m3(x_hat, x, scales_per_key):
 
 def test_quantize_kv_round_trips_per_block_of_keys():
     B, H, Lk, D = 1, 2, 2 * KV_BLOCK + 1, 64  # three blocks, the last of one key
-    _, k, v = model_inputs(B, H, 3, Lk, D, torch.float16)
+    _, k, v = model_qkv(B, H, 3, Lk, D, torch.float16)
     k = k * torch.logspace(-2, 2, Lk, device=DEVICE).to(k.dtype)[:, None]  # blocks of different size
     k_hat, v_hat, (k8, ks, v8t, vs) = dequantized_kv(k, v)
     assert k8.dtype == v8t.dtype == torch.float8_e4m3fn and ks.dtype == vs.dtype == torch.float32
@@ -108,7 +98,7 @@ def test_quantize_kv_round_trips_per_block_of_keys():
 def test_quantize_kv_zeros_and_outlier_channels():
     B, H, Lk, D = 1, 1, 40, 64
     k = torch.zeros(B, H, Lk, D, dtype=torch.bfloat16, device=DEVICE)
-    _, _, v = model_inputs(B, H, 1, Lk, D)
+    _, _, v = model_qkv(B, H, 1, Lk, D)
     v = v.contiguous()
     v[..., 5] = 1e3  # an outlier channel sets the block's scale
     k_hat, v_hat, (_, ks, _, vs) = dequantized_kv(k, v)
@@ -176,7 +166,7 @@ def test_forward_is_the_stated_fp8_arithmetic_with_scales_varying_per_block():
     # what ERROR_BOUND covers); against the emulation, only the bf16 output's rounding and rare
     # e4m3 ties that fp32 and float64 round apart remain.
     B, H, Lq, Lk, D = 1, 2, 40, 300, 64
-    q, k, v = (t.contiguous() for t in model_inputs(B, H, Lq, Lk, D))
+    q, k, v = (t.contiguous() for t in model_qkv(B, H, Lq, Lk, D))
     k = k * torch.logspace(-1, 1, Lk, device=DEVICE)[:, None].to(k.dtype)
     v = v * torch.logspace(-3, 3, Lk, device=DEVICE)[:, None].to(v.dtype)
     o, lse = fp8_forward(q, k, v)
@@ -197,12 +187,12 @@ def test_forward_is_the_stated_fp8_arithmetic_with_scales_varying_per_block():
     ],
 )
 def test_forward_matches_float64_within_the_fp8_bound(B, H, Lq, Lk, D, dtype):
-    check_forward(*model_inputs(B, H, Lq, Lk, D, dtype))
+    check_forward(*model_qkv(B, H, Lq, Lk, D, dtype))
 
 
 @pytest.mark.skipif(GPU, reason="the interpreter's one config; on a GPU the autotuner tries both loaders")
 def test_block_pointer_loads_match_the_tensor_descriptors(monkeypatch):
-    q, k, v = model_inputs(1, 2, 40, 150, 64)
+    q, k, v = model_qkv(1, 2, 40, 150, 64)
     o_tma, lse_tma = fp8_forward(q, k, v)
     monkeypatch.setitem(fp8_module._INTERPRETER_CONFIG, "USE_TMA", False)
     o, lse = check_forward(q, k, v)
@@ -220,13 +210,13 @@ def test_forward_reads_any_strides_and_lays_out_o_as_the_model_reshapes_it():
 def test_large_inputs_and_outlier_channels_stay_finite():
     # x100: softmax nearly one-hot, where rounding of Q and K may swap near-tied keys: finite, and
     # lse (what the backward needs) within its bound relative to the scores' size.
-    q, k, v = model_inputs(1, 2, 33, 70, 64, scale_inputs=100.0)
+    q, k, v = model_qkv(1, 2, 33, 70, 64, scale_inputs=100.0)
     with poisoned_empty():
         o, lse = fp8_forward(q, k, v)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     lse_ref = reference_attention(q, k, v)[1]
     assert ((lse.double() - lse_ref).abs() / lse_ref.abs().clamp_min(1.0)).max() < LSE_BOUND
-    q, k, v = (t.clone() for t in model_inputs(1, 2, 33, 70, 64))
+    q, k, v = (t.clone() for t in model_qkv(1, 2, 33, 70, 64))
     for t in (q, k, v):
         t[..., [3, 40]] = 1e3  # outlier channels: every score is dominated by them
     o, lse = fp8_forward(q, k, v)
@@ -237,7 +227,7 @@ def test_large_inputs_and_outlier_channels_stay_finite():
 def test_all_equal_scores_give_the_mean_of_v():
     # Every key ties the running maximum, so P = 1 for every key (448 in e4m3): O is mean(V).
     B, H, Lq, Lk, D = 1, 1, 5, 300, 64
-    q, _, v = model_inputs(B, H, Lq, Lk, D)
+    q, _, v = model_qkv(B, H, Lq, Lk, D)
     k = torch.randn(1, 1, 1, D, device=DEVICE).to(torch.bfloat16).expand(B, H, Lk, D)
     o, lse = check_forward(q, k, v)
     assert rel_err(o, v.double().mean(2, keepdim=True).expand_as(o)) < ERROR_BOUND
@@ -245,7 +235,7 @@ def test_all_equal_scores_give_the_mean_of_v():
 
 
 def test_backward_from_the_fp8_forward_matches_float64():
-    q, k, v = model_inputs(1, 2, 17, 100, 64, torch.float16)  # fp16: the interpreter's bf16 dots are wrong
+    q, k, v = model_qkv(1, 2, 17, 100, 64, torch.float16)  # fp16: the interpreter's bf16 dots are wrong
     do = torch.randn_like(q)
     scale = 64**-0.5
 
@@ -269,7 +259,7 @@ def test_backward_from_the_fp8_forward_matches_float64():
 @pytest.mark.skipif(GPU, reason="the CPU's fallback")
 def test_without_fp8_the_public_functions_run_bf16_and_say_so_once(caplog):
     assert not supports_fp8()
-    q, k, v = model_inputs(1, 2, 9, 13, 64, torch.float16)
+    q, k, v = model_qkv(1, 2, 9, 13, 64, torch.float16)
     fp8_module._warn_fallback.cache_clear()
     with caplog.at_level(logging.WARNING, logger="tritonlab"):
         o, lse = fp8_attention_forward(q, k, v)
@@ -437,7 +427,7 @@ def test_gpu_supports_fp8_on_hopper():
 def test_gpu_forward_matches_float64_on_odd_shapes(Lq, Lk, D):
     if not supports_fp8():
         pytest.skip("no FP8 on this GPU")
-    check_forward(*model_inputs(2, 3, Lq, Lk, D))
+    check_forward(*model_qkv(2, 3, Lq, Lk, D))
 
 
 @pytest.mark.gpu
@@ -446,7 +436,7 @@ def test_gpu_forward_matches_float64_on_odd_shapes(Lq, Lk, D):
 def test_gpu_backward_matches_float64(Lq, Lk):
     if not supports_fp8():
         pytest.skip("no FP8 on this GPU")
-    q, k, v = model_inputs(2, 3, Lq, Lk, 64)
+    q, k, v = model_qkv(2, 3, Lq, Lk, 64)
     do = torch.randn_like(q)
     got = output_and_grads(lambda a, b, c: fp8_attention(a, b, c, force_fp8=True), [q, k, v], do)
     want = output_and_grads(lambda a, b, c: reference_attention(a, b, c)[0], [q, k, v], do, torch.float64)
@@ -462,7 +452,7 @@ def test_gpu_no_nan_or_inf_at_mid(case):
     if not supports_fp8():
         pytest.skip("no FP8 on this GPU")
     # The TransformerNP's mid shape (B 4, Lq 11 000, Lk 10 000, 8 heads of 64) with the hard inputs.
-    q, k, v = model_inputs(4, 8, 11_000, 10_000, 64, scale_inputs=100.0 if case == "x100" else 1.0)
+    q, k, v = model_qkv(4, 8, 11_000, 10_000, 64, scale_inputs=100.0 if case == "x100" else 1.0)
     if case == "outliers":
         q, k, v = (t.clone() for t in (q, k, v))
         for t in (q, k, v):
@@ -481,6 +471,6 @@ def test_gpu_no_nan_or_inf_at_mid(case):
 def test_gpu_force_fp8_without_fp8_is_an_error():
     if supports_fp8():
         pytest.skip("this GPU has FP8")
-    q, k, v = model_inputs(1, 1, 8, 8, 64)
+    q, k, v = model_qkv(1, 1, 8, 8, 64)
     with pytest.raises(ValueError, match="force_fp8"):
         fp8_attention(q, k, v, force_fp8=True)
