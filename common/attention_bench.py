@@ -67,6 +67,11 @@ class Case:
     heads: int = HEADS
     head_dim: int = HEAD_DIM
 
+    @property
+    def label(self) -> str:
+        """The rows' shape: the name, with the head dim where it is not the model's (mid-d128)."""
+        return self.name if self.head_dim == HEAD_DIM else f"{self.name}-d{self.head_dim}"
+
     def forward_flops(self) -> float:
         return 4.0 * self.batch * self.heads * self.lq * self.lk * self.head_dim
 
@@ -135,10 +140,7 @@ def add_case_arguments(parser) -> None:
 
 def with_head_dim(case: Case, head_dim: int) -> Case:
     """``case`` at another head dim, the model width H·D kept: e.g. mid-d128 has 4 heads of 128."""
-    if head_dim == case.head_dim:
-        return case
-    width = case.heads * case.head_dim
-    return replace(case, name=f"{case.name}-d{head_dim}", heads=width // head_dim, head_dim=head_dim)
+    return replace(case, heads=case.heads * case.head_dim // head_dim, head_dim=head_dim)
 
 
 def cases_from(parser, args) -> list[Case]:
@@ -154,7 +156,7 @@ def cases_from(parser, args) -> list[Case]:
                 f"--sweep-lk: at most {CPU_MAX_LK} in Triton's interpreter on the CPU, got {max(lks)}"
             )
         cases += [sweep_case(lk) for lk in lks]
-    return [with_head_dim(case, getattr(args, "head_dim", HEAD_DIM)) for case in cases]
+    return [with_head_dim(case, args.head_dim) for case in cases]
 
 
 def make_inputs(case: Case, dtype: torch.dtype, grad: bool, seed: int = 0):
@@ -233,7 +235,7 @@ def attention_cells(
 
         for variant, fn in variants.items():
             run = functools.partial(_measure, case, variant, fn, prepared, backward, graphed)
-            yield Cell(variant, case.name, dtype, run, {"mode": mode, **case.columns()})
+            yield Cell(variant, case.label, dtype, run, {"mode": mode, **case.columns()})
         prepared.cache_clear()  # the case's tensors go before the next case's are made
 
 

@@ -80,7 +80,7 @@ def _cells(cases, dtype: str, chosen: dict):
 
             for variant, fn in fns.items():
                 run = partial(_measure, case, variant, fn, prepared, backward)
-                yield Cell(variant, case.name, dtype, run, {"mode": mode, **case.columns()})
+                yield Cell(variant, case.label, dtype, run, {"mode": mode, **case.columns()})
             prepared.cache_clear()  # the case's tensors go before the next ones are made
 
 

@@ -29,6 +29,16 @@ def test_tiny_run_side_by_side_with_the_two_pass_backward(tmp_path, capsys):
     assert rows.loc[rows["variant"] == "triton-fused", "fused_config"].str.startswith("interpreter:").all()
 
 
+def test_the_shape_choices_hold_at_another_head_dim():
+    # --two-pass-on and --graphed-on name TNP shapes; a case at D = 128 is still that shape.
+    main, bench = phase_module("04", "__main__"), phase_module("04", "bench")
+    args = main.parse_args(["--head-dim", "128", "--two-pass-on", "tiny", "--sweep-lk", "20"])
+    assert [c.label for c in args.cases] == ["tiny-d128", "sweep-Lk20-d128"]
+    _, total = bench.cells(args.cases, args.dtype, args.two_pass_on, [])
+    _, fused_only = bench.cells(args.cases, args.dtype, [], [])
+    assert total == fused_only + 1  # the two-pass variant at tiny-d128
+
+
 def test_headline_has_the_graphed_small_cell():
     report = phase_module("04", "report")
     rows = []
