@@ -19,14 +19,23 @@ PHASE = "05_fp8_attn"
 FP8 = "triton-fp8"
 OURS_BF16 = {"fwd": "triton", "fwd+bwd": "triton-2pass"}  # our bf16 attention in each mode
 # Issue 19: the forward (quantisation included) >= 1.3x the best SDPA backend and >= 1.4x our bf16
-# forward at mid and large; forward + backward >= 1.1x the best SDPA backend there.
+# forward at mid and large; forward + backward >= 1.1x the best SDPA backend there. The goals are set
+# at the TransformerNP's D = 64; the same forward goals are also applied to --head-dim 128's shapes,
+# where the products weigh more against the softmax.
 SDPA_GOALS = [
     (FP8, "mid", "fwd", 1.3),
     (FP8, "large", "fwd", 1.3),
     (FP8, "mid", "fwd+bwd", 1.1),
     (FP8, "large", "fwd+bwd", 1.1),
+    (FP8, "mid-d128", "fwd", 1.3),
+    (FP8, "large-d128", "fwd", 1.3),
 ]
-BF16_GOALS = [("mid", "fwd", 1.4), ("large", "fwd", 1.4)]
+BF16_GOALS = [
+    ("mid", "fwd", 1.4),
+    ("large", "fwd", 1.4),
+    ("mid-d128", "fwd", 1.4),
+    ("large-d128", "fwd", 1.4),
+]
 ERROR_COLUMNS = [f"{kind}_{name}" for name in ("o", "dq", "dk", "dv") for kind in ("err", "relerr", "frob")]
 
 
