@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pandas as pd
 import pytest
@@ -159,6 +160,63 @@ def test_the_report_gives_a_verdict_per_compare_and_startup_cell(tmp_path):
     text = report.render(_rows(), Figures("11_autotune", tmp_path, GPU))
     assert "table_vs_full" in text and "first_vs_steady_table" in text and "sm_80" in text
     assert "table_vs_best" in text and "attention.dq" in text
+
+
+def test_a_split_startup_row_gets_a_verdict_with_and_without_compiled_kernels(tmp_path):
+    report = phase_module("11", "report")
+    rows = _rows()
+    split = {**rows.iloc[-1].to_dict(), "first_step_s_table": float("nan"), "first_vs_steady_table": float("nan"),
+             "first_step_s_table_cold": 10.0, "first_step_s_table_warm": 0.15, "first_vs_steady_table_cold": 100.0,
+             "first_vs_steady_table_warm": 1.5, "utc": "2026-11-26T00:00:00Z", "run_group": "h"}  # fmt: skip
+    rows = pd.concat([rows, pd.DataFrame([split])], ignore_index=True)
+    verdicts = {v.cell: v for v in report.headline(rows)}
+    warm = verdicts[
+        "TransformerNP @ mid: first step with the table (compiled kernels on disk), in steady steps (inverse)"
+    ]
+    cold = verdicts[
+        "TransformerNP @ mid: first step with the table (compiling every kernel), in steady steps (inverse)"
+    ]
+    assert warm.ratio == pytest.approx(100.0 / 150.0) and warm.verdict() == "met"
+    assert cold.ratio == pytest.approx(0.01) and cold.verdict().startswith("missed")
+    assert not any("as found" in cell for cell in verdicts)  # the newer row replaces the old one
+    text = report.render(rows, Figures("11_autotune", tmp_path, GPU))
+    assert "first_step_s_table_cold" in text and "first_step_s_table_warm" in text
+
+
+def test_the_startup_cell_compiles_once_then_restarts_on_that_cache(monkeypatch, tmp_path):
+    bench = phase_module("11", "bench")
+    calls = []
+
+    def probe(mode, what, table_dir, timeout=900, cache_dir=None):
+        calls.append((mode, cache_dir))
+        first = {0: 12.0, 1: 0.2, 2: 40.0}[len(calls) - 1]
+        return {"first_step_s": first, "steady_ms": 100.0, "picks": {"k": "c"}}
+
+    monkeypatch.setattr(bench, "_probe", probe)
+    row = bench.startup_cell("mid", tmp_path).run()
+    (m1, c1), (m2, c2), (m3, c3) = calls
+    assert (m1, m2, m3) == ("table", "table", "full")
+    assert c1 == c2 and c3 != c1 and c1 is not None and c3 is not None  # the restart reuses the first's cache
+    assert row["first_step_s_table_cold"] == 12.0 and row["first_step_s_table_warm"] == 0.2
+    assert row["first_vs_steady_table_warm"] == pytest.approx(2.0) and row["first_vs_steady_full"] == 400.0
+
+
+def test_a_probe_gets_the_compile_cache_it_is_given(monkeypatch, tmp_path):
+    bench = phase_module("11", "bench")
+    envs = []
+
+    def run(cmd, env, **kw):
+        envs.append(env)
+        return types.SimpleNamespace(returncode=0, stdout='{"first_step_s": 1.0}\n', stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/callers/cache")
+    bench._probe("table", ["--model", "mid"], tmp_path, cache_dir=tmp_path / "c")
+    bench._probe("table", ["--model", "mid"], tmp_path)
+    assert (
+        envs[0]["TRITON_CACHE_DIR"] == str(tmp_path / "c") and envs[1]["TRITON_CACHE_DIR"] == "/callers/cache"
+    )
+    assert "TRITON_INTERPRET" not in envs[0] and envs[0]["TRITONLAB_AUTOTUNE"] == "table"
 
 
 def test_kernel_cells_judge_the_table_pick_inside_each_fresh_tune():
