@@ -96,9 +96,21 @@ def test_the_options_cost_is_taken_against_the_plain_loss_of_the_same_run(tmp_pa
         ]
     )  # fmt: skip
     figures = Figures("kernel_suite", tmp_path, "NVIDIA H100 80GB HBM3")
-    assert "3.300 ms with the options against 3.200 ms plain, 1.031x (met)" in report.render(rows, figures)
+    assert "3.300 ms with the options against 3.200 ms plain, 1.031x (met; run g3)" in report.render(
+        rows, figures
+    )
+    # A newer run of the plain loss alone (with compile beside it, so the verdicts pick it) does not
+    # break the pair: the ratio still comes from the run that timed both.
+    newer = rows.iloc[[0, 0]].assign(
+        variant=["ours", "compile"], ms=[2.0, 3.0], run_group="g5", utc="2026-11-25T16:00:00Z"
+    )
+    text = report.render(pd.concat([rows, newer], ignore_index=True), figures)
+    assert "1.031x (met; run g3)" in text
+    host_bound = rows.assign(host_ms=[1.0, 1.2], device_ms=[0.27, 0.53])
+    text = report.render(host_bound, figures)
+    assert "host-bound: the kernels take 0.530 against 0.270 ms, 1.96x" in text
     apart = rows.assign(run_group=["g3", "g4"])
-    assert "different runs; no ratio" in report.render(apart, figures)
+    assert "the plain loss was never timed in the options' run; no ratio" in report.render(apart, figures)
 
 
 def test_the_target_check_cost_compares_ours_with_and_without_it(tmp_path):
