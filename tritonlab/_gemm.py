@@ -273,32 +273,30 @@ HIDDEN_KEY = [
 T_BUCKETS = {"T": tuning_tables.pow2_bucket}
 
 
-def autotuned_forward(tiles, name: str, phase: str):
-    """``fused_mlp_fwd_kernel`` behind an autotuner of its own over ``tiles`` (``tile_configs``'
-    tuples), pruned by shared memory, registered with the config tables as ``name``."""
+def _autotuned(kernel, key, smem_estimate, tiles, name: str, phase: str):
+    """``kernel`` behind an autotuner of its own over ``tiles`` (``tile_configs``' tuples), keyed on
+    ``key``, pruned by ``smem_estimate``, registered with the config tables as ``name``."""
     return tuning_tables.autotune(
         tile_configs(tiles),
         name=name,
         phase=phase,
-        key=FORWARD_KEY,
+        key=key,
         dtype_arg="x_ptr",
         buckets=T_BUCKETS,
-        prune_configs_by={"early_config_prune": shared_memory_pruner(register_forward_smem, "x_ptr")},
-    )(fused_mlp_fwd_kernel)
+        prune_configs_by={"early_config_prune": shared_memory_pruner(smem_estimate, "x_ptr")},
+    )(kernel)
+
+
+def autotuned_forward(tiles, name: str, phase: str):
+    """``fused_mlp_fwd_kernel`` behind an autotuner of its own over ``tiles`` (``tile_configs``'
+    tuples), pruned by shared memory, registered with the config tables as ``name``."""
+    return _autotuned(fused_mlp_fwd_kernel, FORWARD_KEY, register_forward_smem, tiles, name, phase)
 
 
 def autotuned_hidden(tiles, name: str, phase: str):
     """``mlp_hidden_kernel`` behind an autotuner of its own over ``tiles``, pruned by shared memory,
     registered with the config tables as ``name``."""
-    return tuning_tables.autotune(
-        tile_configs(tiles),
-        name=name,
-        phase=phase,
-        key=HIDDEN_KEY,
-        dtype_arg="x_ptr",
-        buckets=T_BUCKETS,
-        prune_configs_by={"early_config_prune": shared_memory_pruner(hidden_kernel_smem, "x_ptr")},
-    )(mlp_hidden_kernel)
+    return _autotuned(mlp_hidden_kernel, HIDDEN_KEY, hidden_kernel_smem, tiles, name, phase)
 
 
 # --- host helpers ---------------------------------------------------------------------------------

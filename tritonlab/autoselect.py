@@ -80,6 +80,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# The model's own PyTorch components, and its Triton ones where they take the same arguments.
+from .models.lm import (
+    _cross_entropy_triton,
+    _rope_triton,
+    _swiglu_triton,
+    cross_entropy_eager,
+    rope_eager,
+    sdpa_causal_attention,
+    swiglu_eager,
+)
+
 logger = logging.getLogger("tritonlab.autoselect")
 
 OP_NAMES = ("rms_norm", "swiglu", "rope", "cross_entropy", "attention")
@@ -102,51 +113,10 @@ def _torch_rms_norm(x: Tensor, weight: Tensor | None, eps: float | None) -> Tens
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def _torch_swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    return F.silu(gate) * up
-
-
-def _torch_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    T = q.shape[1]
-    c, s = cos[:T, None, :], sin[:T, None, :]
-
-    def rotate(x: Tensor) -> Tensor:
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-
-    return rotate(q), rotate(k)
-
-
-def _torch_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(logits, targets)
-
-
-def _torch_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
 def _triton_rms_norm(x: Tensor, weight: Tensor | None, eps: float | None) -> Tensor:
     from tritonlab.ops import rms_norm
 
     return rms_norm(x, weight, torch.finfo(x.dtype).eps if eps is None else eps)
-
-
-def _triton_swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    from tritonlab.ops import swiglu
-
-    return swiglu(gate, up)
-
-
-def _triton_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    from tritonlab.ops import rope
-
-    return rope(q, k, cos, sin)
-
-
-def _triton_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    from tritonlab.ops import cross_entropy
-
-    return cross_entropy(logits, targets)
 
 
 def _triton_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -191,10 +161,10 @@ class Op:
 
 OPS: dict[str, Op] = {
     "rms_norm": Op("rms_norm", _torch_rms_norm, _triton_rms_norm, _unsupported_rms_norm, (0, 1)),
-    "swiglu": Op("swiglu", _torch_swiglu, _triton_swiglu, grad_args=(0, 1)),
-    "rope": Op("rope", _torch_rope, _triton_rope, _unsupported_rope, (0, 1)),
-    "cross_entropy": Op("cross_entropy", _torch_cross_entropy, _triton_cross_entropy, grad_args=(0,)),
-    "attention": Op("attention", _torch_attention, _triton_attention, _unsupported_attention, (0, 1, 2)),
+    "swiglu": Op("swiglu", swiglu_eager, _swiglu_triton, grad_args=(0, 1)),
+    "rope": Op("rope", rope_eager, _rope_triton, _unsupported_rope, (0, 1)),
+    "cross_entropy": Op("cross_entropy", cross_entropy_eager, _cross_entropy_triton, grad_args=(0,)),
+    "attention": Op("attention", sdpa_causal_attention, _triton_attention, _unsupported_attention, (0, 1, 2)),
 }
 
 

@@ -72,6 +72,20 @@ def _tensor(shape, dtype, device, random: bool, requires_grad=False) -> torch.Te
     return make(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
 
 
+def _forward_backward(forward: Callable[[], torch.Tensor], leaves: tuple, grad_out: torch.Tensor):
+    """A run: ``forward()`` then its backward from ``grad_out``; the output and the leaves' gradients
+    (cleared first, so each run's are its own)."""
+
+    def run():
+        for t in leaves:
+            t.grad = None
+        out = forward()
+        out.backward(grad_out)
+        return (out.detach(), *(t.grad for t in leaves))
+
+    return run
+
+
 def _attention(function: str):
     """``tritonlab.attention.<function>`` (q, k, v) -> o, forward and backward."""
 
@@ -88,14 +102,7 @@ def _attention(function: str):
         v = kv[:, :, 1].transpose(1, 2).detach().requires_grad_()
         q_view = q.transpose(1, 2)
         do = _tensor((B, H, L, D), dtype, device, random)
-
-        def run():
-            q.grad = k.grad = v.grad = None
-            o = fn(q_view, k, v)
-            o.backward(do)
-            return o.detach(), q.grad, k.grad, v.grad
-
-        return run
+        return _forward_backward(lambda: fn(q_view, k, v), (q, k, v), do)
 
     return build
 
@@ -122,14 +129,7 @@ def _heads(shape: TNPShape, dtype, device, random):
     w1 = _tensor((G, MODEL.d_head_hidden, MODEL.d_model), dtype, device, random, True)
     w2 = _tensor((G, 3, MODEL.d_head_hidden), dtype, device, random, True)
     dout = _tensor((T, G, 3), dtype, device, random)
-
-    def run():
-        z.grad = w1.grad = w2.grad = None
-        out = gmm_heads(z, w1, w2)
-        out.backward(dout)
-        return out.detach(), z.grad, w1.grad, w2.grad
-
-    return run
+    return _forward_backward(lambda: gmm_heads(z, w1, w2), (z, w1, w2), dout)
 
 
 # Per public function: the kernels it tunes and how to run it.

@@ -5,7 +5,7 @@ The report's first line says it: the sliced backward is numerically WRONG for tr
 
 import pandas as pd
 
-from common.report import (
+from common.report import (  # much the same list as other modules': a declaration, not logic
     Figures,
     PhaseReport,
     Verdict,

@@ -9,6 +9,7 @@ from common import ResultWriter, failure_row
 from common.memory import OutOfMemory
 from common.provenance import provenance
 
+# Written out, not read from provenance(): the test also catches a column it stops writing.
 PROVENANCE_KEYS = {
     "gpu",
     "sm_count",

@@ -276,6 +276,7 @@ def _checked_forward(q, k, v, scale: float, impl: str = "auto", record: ConfigRe
     return o, lse
 
 
+# attention()'s and fused_attention()'s public signature, plus impl: parallel entry points.
 def attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,

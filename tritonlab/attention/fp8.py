@@ -62,7 +62,7 @@ from .._runtime import INTERPRET
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures
 from ..tuning_tables import autotune
-from ._common import (
+from ._common import (  # much the same list as backward.py's: a declaration, not logic
     LOG2E,
     check_qkv,
     config_string,
@@ -429,6 +429,7 @@ def _fp8_or_fallback(q, k, v, scale, force_fp8: bool) -> tuple[float, bool]:
     return scale, False
 
 
+# attention_forward()'s public signature, force_fp8 for impl: parallel entry points.
 def fp8_attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -458,6 +459,7 @@ def fp8_attention_forward(
     return _checked_forward(q, k, v, scale, record=record)
 
 
+# fp8_attention_forward()'s signature: the differentiable entry point beside it.
 def fp8_attention(
     q: torch.Tensor,
     k: torch.Tensor,

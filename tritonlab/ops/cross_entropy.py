@@ -181,6 +181,7 @@ def _row_stats(row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMO
     """Sweep 1 with options: (logsumexp(z), sum over classes of w_c * z_c) for z the (softcapped)
     logits; the sum only with label smoothing (w_c = 1 without a weight). Prefetches like
     ``_row_logsumexp``."""
+    # _row_logsumexp's sweep with the options added: kept apart so the plain kernel stays as measured.
     running_max = float("-inf")
     running_sum = 0.0
     weighted_z = 0.0

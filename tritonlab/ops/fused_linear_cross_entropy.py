@@ -162,6 +162,26 @@ def _chunked_pass(
 _EMPTY = (0,)
 
 
+def _grad_outputs(x, bias, dx, dw, db):
+    """(dx, dW, db) as the custom ops return them: an empty tensor where not computed (each its own,
+    as outputs must not alias), db in the bias's dtype."""
+    empty = x.new_empty(_EMPTY)
+    return (
+        dx if dx is not None else empty,
+        dw if dw is not None else empty.clone(),
+        db.to(bias.dtype) if db is not None else empty.clone(),
+    )
+
+
+def _fake_grad_outputs(x, weight, bias, grad_x, grad_weight, grad_bias):
+    """``_grad_outputs``' shapes for the fake (meta) implementations."""
+    return (
+        torch.empty_like(x) if grad_x else x.new_empty(_EMPTY),
+        torch.empty_like(weight) if grad_weight else x.new_empty(_EMPTY),
+        torch.empty_like(bias) if grad_bias else x.new_empty(_EMPTY),
+    )
+
+
 @torch.library.custom_op("tritonlab::fused_linear_cross_entropy", mutates_args=())
 def _flce_forward(
     x: torch.Tensor,
@@ -191,13 +211,7 @@ def _flce_forward(
         loss = loss_rows.sum()
     else:
         loss = loss_rows
-    empty = x.new_empty(_EMPTY)
-    return (
-        loss,
-        dx if dx is not None else empty,
-        dw if dw is not None else empty.clone(),
-        db.to(bias.dtype) if db is not None else empty.clone(),
-    )
+    return (loss, *_grad_outputs(x, bias, dx, dw, db))
 
 
 @_flce_forward.register_fake
@@ -212,12 +226,11 @@ def _(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap
         )
     return (
         x.new_empty((), dtype=torch.float32),
-        torch.empty_like(x) if grad_x else x.new_empty(_EMPTY),
-        torch.empty_like(weight) if grad_weight else x.new_empty(_EMPTY),
-        torch.empty_like(bias) if grad_bias else x.new_empty(_EMPTY),
+        *_fake_grad_outputs(x, weight, bias, grad_x, grad_weight, grad_bias),
     )
 
 
+# The forward op's arguments typed out again: torch.library reads each op's schema from its own annotations.
 @torch.library.custom_op("tritonlab::fused_linear_cross_entropy_backward_none", mutates_args=())
 def _flce_backward_none(
     x: torch.Tensor,
@@ -239,22 +252,13 @@ def _flce_backward_none(
         grad_x, grad_weight, grad_bias, row_scale=grad_rows.to(torch.float32).contiguous(),
         check_targets=False,
     )  # fmt: skip
-    empty = x.new_empty(_EMPTY)
-    return (
-        dx if dx is not None else empty,
-        dw if dw is not None else empty.clone(),
-        db.to(bias.dtype) if db is not None else empty.clone(),
-    )
+    return _grad_outputs(x, bias, dx, dw, db)
 
 
 @_flce_backward_none.register_fake
 def _(x, weight, target, bias, grad_rows, ignore_index, label_smoothing, softcap, chunk_rows,
       grad_x, grad_weight, grad_bias):  # fmt: skip
-    return (
-        torch.empty_like(x) if grad_x else x.new_empty(_EMPTY),
-        torch.empty_like(weight) if grad_weight else x.new_empty(_EMPTY),
-        torch.empty_like(bias) if grad_bias else x.new_empty(_EMPTY),
-    )
+    return _fake_grad_outputs(x, weight, bias, grad_x, grad_weight, grad_bias)
 
 
 def _setup_context(ctx, inputs, output):
