@@ -60,6 +60,7 @@ from .cross_entropy import (
     _stats_to_host,
     _target_stats_kernel,
     check_target,
+    fast_tanh,
 )
 
 # Bytes of one chunk's logits: large enough that each chunk's GEMMs run at full speed on an H100
@@ -104,6 +105,7 @@ def _chunked_pass(
             softcap=float(softcap or 1.0),
             HAS_SMOOTHING=label_smoothing != 0.0,
             HAS_SOFTCAP=softcap is not None,
+            FAST_TANH=fast_tanh(x.dtype),
         )
     settings = DEFAULT_SETTINGS
     block_v = settings.block_v(x.element_size())

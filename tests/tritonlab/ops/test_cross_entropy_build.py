@@ -1,0 +1,74 @@
+"""The cross-entropy kernel's sm_90 build, compiled on the CPU (no GPU needed): how many special-function
+ops (MUFU) each logit costs, plain and with the softcap, exact and with the hardware tanh."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+_BUILD = r"""
+import collections, json, re, subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tritonlab.ops.cross_entropy import _cross_entropy_fwd_kernel
+
+bin_dir = Path(sys.argv[1])
+BLOCK_V, WARPS = 32768, 32  # the H100's bf16 launch (CrossEntropySettings)
+signature = {"LOGITS": "*bf16", "TARGET": "*i64", "LOSS": "*fp32", "GRAD": "*bf16", "N_VALID": "*i32",
+             "n_rows": "i32", "n_cols": "i32", "stride_logits": "i64", "stride_grad": "i64",
+             "ignore_index": "i32", "MEAN": "constexpr", "COMPUTE_GRAD": "constexpr", "BLOCK_V": "constexpr"}
+constants = {"MEAN": True, "COMPUTE_GRAD": True, "BLOCK_V": BLOCK_V}
+results = {}
+for name, fast in (("plain", None), ("softcap", False), ("softcap-fast", True)):
+    sig, consts = dict(signature), dict(constants)
+    if fast is not None:
+        sig.update({"WEIGHT": "constexpr", "WEIGHT_STATS": "constexpr", "LSE_SQ": "constexpr", "smoothing": "fp32",
+                    "softcap": "fp32", "lse_square_scale": "fp32", "HAS_SOFTCAP": "constexpr",
+                    "FAST_TANH": "constexpr"})
+        consts.update({"WEIGHT": None, "WEIGHT_STATS": None, "LSE_SQ": None, "HAS_SOFTCAP": True, "FAST_TANH": fast})
+    out = triton.compile(ASTSource(_cross_entropy_fwd_kernel, signature=sig, constexprs=consts),
+                         target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(out.asm["ptx"])
+        subprocess.run([bin_dir / "ptxas", "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
+                       check=True)
+        sass = subprocess.run([bin_dir / "cuobjdump", "-sass", str(ptx.with_suffix(".cubin"))],
+                              capture_output=True, text=True, check=True).stdout
+    mufu = collections.Counter(re.findall(r"MUFU\.(\w+)", sass))
+    # Each thread holds BLOCK_V / (32 * WARPS) logits of a block, in each of the two sweeps.
+    results[name] = {"per_logit": sum(mufu.values()) / (BLOCK_V / (32 * WARPS)), "ops": dict(mufu)}
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(
+    not (BIN / "ptxas").exists() or not (BIN / "cuobjdump").exists(),
+    reason="needs Triton's ptxas and cuobjdump",
+)
+def test_the_hardware_tanh_cuts_the_softcaps_special_function_ops():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", _BUILD, str(BIN)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        check=True,
+    )
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    plain, exact, fast = (results[k] for k in ("plain", "softcap", "softcap-fast"))
+    # Two sweeps: one exp a logit in each, plus a few per row and launch.
+    assert 2 <= plain["per_logit"] < 2.2, plain
+    # The exact tanh adds an exp and a reciprocal per logit in each sweep; the hardware one, one op.
+    assert 6 <= exact["per_logit"] < 6.5, exact
+    assert 4 <= fast["per_logit"] < 4.5 and fast["ops"].get("TANH", 0) >= 64, fast
