@@ -5,7 +5,7 @@ import math
 
 import pandas as pd
 
-from common.report import Figures, PhaseReport, Verdict, failures_table, markdown_table
+from common.report import Figures, PhaseReport, Verdict, failures_table, markdown_table, select_latest
 
 PHASE = "autoselect"
 TITLE = "autoselect — Triton or PyTorch per operation, chosen at run time at the model's shapes"
@@ -20,9 +20,8 @@ LOSS_TOL = {"bf16": 2e-2, "fp16": 1e-2, "fp32": 1e-3}  # max relative deviation 
 
 
 def _latest(df: pd.DataFrame) -> pd.DataFrame:
-    if df.empty:
-        return df
-    return df.loc[df["run_group"] == df.sort_values("utc")["run_group"].iloc[-1]]
+    """Per model size, the newest run that measured it (a size run on its own keeps the others)."""
+    return select_latest(df, ["shape"])
 
 
 def _num(rows: pd.DataFrame, col: str) -> pd.Series:

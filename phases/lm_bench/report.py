@@ -3,7 +3,15 @@ study; the precision experiments; and our kernels against eager, with the issue'
 
 import pandas as pd
 
-from common.report import Figures, PhaseReport, Verdict, best_baseline_verdict, failures_table, markdown_table
+from common.report import (
+    Figures,
+    PhaseReport,
+    Verdict,
+    best_baseline_verdict,
+    failures_table,
+    markdown_table,
+    select_latest,
+)
 
 PHASE = "lm_bench"
 TITLE = "lm_bench — a Transformer LM of five sizes timed end to end, and on our kernels"
@@ -23,6 +31,8 @@ def _part(df: pd.DataFrame, part: str) -> pd.DataFrame:
     if df.empty or "part" not in df:
         return df.iloc[:0]
     rows = df.loc[df["part"].astype(str) == part].copy()
+    if "context" in rows:  # parts without a context (precision) leave NaNs that make the column float
+        rows["context"] = pd.to_numeric(rows["context"], errors="coerce").astype("Int64")
     if "size" in rows:
         rows["_order"] = rows["size"].map(SIZE_ORDER).fillna(9)
         rows["_mode"] = rows["mode"].map(MODE_ORDER).fillna(9) if "mode" in rows else 0
@@ -31,11 +41,17 @@ def _part(df: pd.DataFrame, part: str) -> pd.DataFrame:
     return rows
 
 
-def _latest_run(rows: pd.DataFrame) -> pd.DataFrame:
-    """The newest run group's rows: one side-by-side run."""
+# A part's cell: the rows one run measured side by side (eager beside compile, ours beside eager).
+# Per cell the newest run counts, so a part split over several runs (sizes or dtypes apart) shows
+# every cell; memory's peak rows differ by head, the others by what the key names.
+CELL_KEYS = ["size", "context", "mode", "dtype", "warmup", "head"]
+
+
+def _latest_cells(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per cell (``CELL_KEYS`` the part has), the rows of the newest run that measured it."""
     if rows.empty:
         return rows
-    return rows.loc[rows["run_group"] == rows.sort_values("utc")["run_group"].iloc[-1]]
+    return select_latest(rows, [c for c in CELL_KEYS if c in rows])
 
 
 def _cols(rows: pd.DataFrame, cols: list[str]) -> list[str]:
@@ -273,7 +289,7 @@ def _compile(rows: pd.DataFrame) -> str:
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
-    # Each part's section, in the report's order, renders the rows of the part's newest run, if any.
+    # Each part's section, in the report's order, renders each of its cells' newest run, if any.
     sections = {
         "timing": _timing,
         "warmup": lambda rows: _warmup(rows, fig),
@@ -283,7 +299,7 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "compile": _compile,
         "ours": _ours,
     }
-    runs = {part: _latest_run(_part(df, part)) for part in sections}
+    runs = {part: _latest_cells(_part(df, part)) for part in sections}
     body = "\n".join(section(runs[part]) for part, section in sections.items() if not runs[part].empty)
     return body or "_no rows of a known part_\n"
 

@@ -130,7 +130,14 @@ def kernel_table(events, top: int) -> list[dict]:
     """The top ``top`` CUDA kernels by total time (on the CPU: CPU ops by self time), each with its
     share of the profile's total."""
     if ON_GPU:
-        kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
+        # record_function ranges also get a GPU-side entry; they are not kernels (torch's own table
+        # drops them the same way)
+        kernels = [
+            e
+            for e in events
+            if str(getattr(e, "device_type", "")).endswith("CUDA")
+            and not getattr(e, "is_user_annotation", False)
+        ]
         timed = [(e.key, e.count, _self_device_ms(e)) for e in kernels]
         what = "cuda kernel"
     else:

@@ -283,7 +283,12 @@ def profile_rows(model, inputs: dict, top: int = PROFILE_TOP) -> list[dict]:
             torch.cuda.synchronize()
     model.zero_grad(set_to_none=True)
     if ON_GPU:
-        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+        # (user ranges' GPU-side entries are not kernels)
+        events = [
+            e
+            for e in prof.key_averages()
+            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+        ]
         self_us = {id(e): e.self_device_time_total for e in events}
     else:
         events = [e for e in prof.key_averages() if e.device_type == DeviceType.CPU]

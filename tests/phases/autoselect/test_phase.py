@@ -60,3 +60,24 @@ def test_a_tiny_cpu_run_writes_every_kind_of_row():
         __import__("pandas").DataFrame(rows).assign(gpu="H100")
     )
     assert verdicts and all(v.verdict() for v in verdicts)
+
+
+def test_the_report_keeps_each_sizes_newest_run(tmp_path):
+    import pandas as pd
+
+    from common.report import Figures
+
+    def run(size, group, utc, ms):
+        return [
+            {"gpu": "H100", "shape": size, "dtype": "bf16", "variant": way, "status": "ok", "error": "", "mean_ms": ms,
+             "utc": utc, "run_group": group}
+            for way in ("pytorch", "triton", "autoselect")
+        ]  # fmt: skip
+
+    rows = pd.DataFrame(
+        run("small", "g1", "2026-11-26T10:00:00Z", 5.0) + run("medium", "g2", "2026-11-26T11:00:00Z", 9.0)
+    )
+    report = phase_module("autoselect", "report")
+    text = report.render(rows, Figures("autoselect", tmp_path, "H100"))
+    assert "## small" in text and "## medium" in text  # a size run on its own hides no other
+    assert {v.cell.split(":")[0] for v in report.headline(rows)} == {"small", "medium"}

@@ -3,6 +3,7 @@ as a row, and the report (with the issue's verdict) from synthetic GPU-like rows
 
 import csv
 import math
+import types
 
 import pandas as pd
 import pytest
@@ -327,3 +328,46 @@ def test_without_gpu_rows_every_goal_cell_is_not_measured():
     verdicts = report.headline(pd.DataFrame())
     assert len(verdicts) == 8 and {v.verdict() for v in verdicts} == {"not measured"}
     assert report.render(pd.DataFrame(), None) == "_no rows of a known part_\n"
+
+
+def test_verdicts_survive_the_float_context_a_csv_with_precision_rows_gives(tmp_path):
+    # read back from CSV, the precision rows' empty contexts make the column float (512.0)
+    rows = _gpu_rows().assign(context=lambda d: pd.to_numeric(d["context"], errors="coerce"))
+    report = phase_module("lm_bench", "report")
+    verdicts = {v.cell: v for v in report.headline(rows)}
+    assert verdicts["medium, context 512, train step, bf16"].verdict() == "met"
+    assert "512.0" not in report.render(rows, Figures("lm_bench", tmp_path, GPU))
+
+
+def test_a_part_split_over_runs_shows_each_cells_newest_run(tmp_path):
+    rows = _gpu_rows()
+    later = rows.loc[(rows["part"] == "timing") & (rows["dtype"] == "bf16")].assign(
+        size="medium", shape="medium", mean_ms=77.0, run_group="g2", utc="2026-11-26T11:00:00Z"
+    )
+    rerun = rows.loc[
+        (rows["part"] == "timing") & (rows["size"] == "small") & (rows["dtype"] == "bf16")
+    ].assign(mean_ms=11.5, run_group="g3", utc="2026-11-26T12:00:00Z")
+    text = phase_module("lm_bench", "report").render(
+        pd.concat([rows, later, rerun], ignore_index=True), Figures("lm_bench", tmp_path, GPU)
+    )
+    timing = text.split("## timing")[1].split("\n## ")[0]
+    assert "| medium " in timing and "| small " in timing  # both runs' sizes
+    table = timing.split("fp32 against bf16")[0]
+    small_bf16 = [line for line in table.splitlines() if line.startswith("| small ") and "| bf16 " in line]
+    assert len(small_bf16) == 2 and all("| 11.5 " in line for line in small_bf16)  # the rerun replaces g1's
+
+
+def test_the_kernel_table_leaves_out_the_ranges_gpu_side_entries(monkeypatch):
+    study = phase_module("lm_bench", "study")
+    monkeypatch.setattr(study, "ON_GPU", True)
+
+    def event(key, ms, annotation):
+        return types.SimpleNamespace(
+            key=key, count=1, device_type="DeviceType.CUDA", self_device_time_total=ms * 1e3,
+            is_user_annotation=annotation,
+        )  # fmt: skip
+
+    table = study.kernel_table(
+        [event("forward", 9.0, True), event("gemm", 3.0, False), event("softmax", 1.0, False)], 5
+    )
+    assert [r["kernel"] for r in table] == ["gemm", "softmax"] and table[0]["share"] == 0.75
