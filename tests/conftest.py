@@ -1,6 +1,9 @@
-"""Shared test set-up: the interpreter chosen before any kernel is imported, rows to a temporary dir."""
+"""Shared test set-up: the interpreter chosen before any kernel is imported, rows to a temporary dir,
+and (with ``TRITONLAB_TEST_LOG``) each test's outcome written the moment it ends."""
 
 import gc
+import json
+import os
 
 import pytest
 import torch
@@ -35,3 +38,22 @@ def _release_gpu_memory(request):
     if torch.cuda.is_available() and request.node.get_closest_marker("gpu"):
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def pytest_runtest_logreport(report):
+    """With ``TRITONLAB_TEST_LOG=FILE``, one JSON line per test phase that fails, and per test call:
+    node id, outcome, seconds and the failure's text, appended as each ends. pytest (and xdist's
+    workers, through the controller) print failures only at the end of the session, so a run cut off
+    by a time limit -- a lent GPU's 10 minutes -- would otherwise lose every traceback."""
+    path = os.environ.get("TRITONLAB_TEST_LOG")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER") or (report.when != "call" and not report.failed):
+        return  # (a worker's reports reach the controller, which writes them once)
+    line = {
+        "test": report.nodeid,
+        "when": report.when,
+        "outcome": report.outcome,
+        "seconds": round(report.duration, 3),
+        "error": report.longreprtext[-4000:] if report.failed else "",
+    }
+    with open(path, "a") as log:
+        log.write(json.dumps(line) + "\n")

@@ -1,0 +1,38 @@
+"""The shared conftest's per-test log (``TRITONLAB_TEST_LOG``): a line per test as it ends."""
+
+import json
+import types
+
+from tests import conftest
+
+
+def _report(nodeid, when, outcome, text=""):
+    return types.SimpleNamespace(
+        nodeid=nodeid, when=when, outcome=outcome, failed=outcome == "failed", duration=1.23456,
+        longreprtext=text,
+    )  # fmt: skip
+
+
+def test_each_call_and_each_failure_is_a_line_as_it_ends(tmp_path, monkeypatch):
+    log = tmp_path / "tests.jsonl"
+    monkeypatch.setenv("TRITONLAB_TEST_LOG", str(log))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    conftest.pytest_runtest_logreport(_report("t.py::ok", "setup", "passed"))  # not a line
+    conftest.pytest_runtest_logreport(_report("t.py::ok", "call", "passed"))
+    conftest.pytest_runtest_logreport(_report("t.py::bad", "call", "failed", "E   AssertionError: 2 != 3"))
+    conftest.pytest_runtest_logreport(_report("t.py::fixture", "setup", "failed", "E   OutOfMemoryError"))
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(x["test"], x["when"], x["outcome"]) for x in lines] == [
+        ("t.py::ok", "call", "passed"),
+        ("t.py::bad", "call", "failed"),
+        ("t.py::fixture", "setup", "failed"),
+    ]
+    assert lines[0]["seconds"] == 1.235 and lines[0]["error"] == "" and "2 != 3" in lines[1]["error"]
+
+
+def test_xdist_workers_leave_the_line_to_the_controller(tmp_path, monkeypatch):
+    log = tmp_path / "tests.jsonl"
+    monkeypatch.setenv("TRITONLAB_TEST_LOG", str(log))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    conftest.pytest_runtest_logreport(_report("t.py::ok", "call", "passed"))
+    assert not log.exists()
