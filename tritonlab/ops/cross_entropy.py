@@ -192,7 +192,7 @@ def _softcapped(x, softcap, mask, HAS_SOFTCAP: tl.constexpr, FAST_TANH: tl.const
     """(z, tanh(x / softcap)) with z = softcap * tanh(x / softcap) where ``mask``, -inf elsewhere; without
     a softcap z = x (and the second value is unused)."""
     if HAS_SOFTCAP:
-        t = _tanh(x / softcap, FAST_TANH)
+        t = _tanh(x * (1.0 / softcap), FAST_TANH)  # one reciprocal, not a division per logit
         z = tl.where(mask, softcap * t, float("-inf"))
     else:
         t = x
