@@ -3,7 +3,7 @@ study; the precision experiments; and our kernels against eager, with the issue'
 
 import pandas as pd
 
-from common.report import (
+from common.report import (  # much the same list as other modules': a declaration, not logic
     Figures,
     PhaseReport,
     Verdict,
