@@ -13,7 +13,26 @@ from common.device import use_interpreter_without_gpu
 use_interpreter_without_gpu()  # before any test module imports tritonlab's kernels
 
 
+def shard_of(value: str) -> tuple[int, int]:
+    """``TRITONLAB_TEST_SHARD``'s "K/N" -> (K, N), 0 <= K < N."""
+    try:
+        k, n = (int(part) for part in value.split("/"))
+    except ValueError:
+        k, n = -1, 0
+    if not 0 <= k < n:
+        raise pytest.UsageError(f"TRITONLAB_TEST_SHARD: expected K/N with 0 <= K < N, got {value!r}")
+    return k, n
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected: shards of what would run
 def pytest_collection_modifyitems(config, items):
+    # TRITONLAB_TEST_SHARD=K/N keeps every N-th test from the K-th: N calls with K = 0 .. N-1 run the
+    # suite once between them, each short enough for a lent GPU's time limit.
+    shard = os.environ.get("TRITONLAB_TEST_SHARD")
+    if shard:
+        k, n = shard_of(shard)
+        config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k])
+        items[:] = [item for i, item in enumerate(items) if i % n == k]
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `just test-gpu` on one)")

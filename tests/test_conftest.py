@@ -3,6 +3,8 @@
 import json
 import types
 
+import pytest
+
 from tests import conftest
 
 
@@ -36,3 +38,25 @@ def test_xdist_workers_leave_the_line_to_the_controller(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     conftest.pytest_runtest_logreport(_report("t.py::ok", "call", "passed"))
     assert not log.exists()
+
+
+def test_shards_partition_the_tests_that_would_run(monkeypatch):
+    deselected = []
+    config = types.SimpleNamespace(
+        hook=types.SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items))
+    )
+    names = [f"t{i}" for i in range(11)]
+    shards = []
+    for k in range(3):
+        monkeypatch.setenv("TRITONLAB_TEST_SHARD", f"{k}/3")
+        items = [types.SimpleNamespace(name=n, keywords={}, add_marker=lambda m: None) for n in names]
+        conftest.pytest_collection_modifyitems(config, items)
+        shards.append([item.name for item in items])
+    assert sorted(sum(shards, [])) == sorted(names) and shards[0] == ["t0", "t3", "t6", "t9"]
+    assert len(deselected) == 2 * len(names)
+
+
+@pytest.mark.parametrize("value", ["3/3", "1", "a/b", "-1/2", "0/0"])
+def test_a_bad_shard_is_a_usage_error_naming_the_variable(value):
+    with pytest.raises(pytest.UsageError, match="TRITONLAB_TEST_SHARD: expected K/N"):
+        conftest.shard_of(value)
