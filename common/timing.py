@@ -60,6 +60,16 @@ class Timing:
         }
 
 
+def cuda_kernel_events(events) -> list:
+    """The GPU kernels among a profiler's ``key_averages()``: its CUDA entries, without the GPU-side
+    entries of ``record_function`` ranges (ranges, not kernels; torch's own table drops them too)."""
+    return [
+        e
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
+
+
 def summarize(samples_ms: list[float]) -> Timing:
     if len(samples_ms) == 1:  # one sample is its own median and spread
         return Timing(samples_ms[0], samples_ms[0], samples_ms[0], 1)

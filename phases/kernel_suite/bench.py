@@ -21,6 +21,7 @@ import torch._functorch.config
 import torch.nn.functional as F
 
 from common import DEVICE, ON_GPU, Cell, bench, check_close, measure_peak_memory, timed
+from common.timing import cuda_kernel_events
 from tritonlab.ops import (
     FP8_DTYPE,
     FP8_MAX,
@@ -437,7 +438,7 @@ def host_and_device_ms(fn: Callable, calls: int = 20) -> tuple[float, float]:
             for _ in range(calls):
                 fn()
             torch.cuda.synchronize()
-        kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels = cuda_kernel_events(prof.key_averages())
         device_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / calls
     except Exception:  # the profiler is optional evidence, never a reason to lose the cell
         device_ms = float("nan")

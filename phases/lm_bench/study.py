@@ -17,7 +17,7 @@ import torch
 from common import DEVICE, ON_GPU, measure_peak_memory
 from common.report import reports_dir
 from common.results import ResultWriter, failure_row
-from common.timing import nvtx_range
+from common.timing import cuda_kernel_events, nvtx_range
 from tritonlab.models import HEADS, LM_SIZES, TransformerLM, lm_config, param_count, random_batch
 
 from .bench import Plan, autocast, components_for, make_step, step_row, sync, time_steps
@@ -130,15 +130,7 @@ def kernel_table(events, top: int) -> list[dict]:
     """The top ``top`` CUDA kernels by total time (on the CPU: CPU ops by self time), each with its
     share of the profile's total."""
     if ON_GPU:
-        # record_function ranges also get a GPU-side entry; they are not kernels (torch's own table
-        # drops them the same way)
-        kernels = [
-            e
-            for e in events
-            if str(getattr(e, "device_type", "")).endswith("CUDA")
-            and not getattr(e, "is_user_annotation", False)
-        ]
-        timed = [(e.key, e.count, _self_device_ms(e)) for e in kernels]
+        timed = [(e.key, e.count, _self_device_ms(e)) for e in cuda_kernel_events(events)]
         what = "cuda kernel"
     else:
         timed = [(e.key, e.count, e.self_cpu_time_total / 1e3) for e in events if e.key.startswith("aten::")]

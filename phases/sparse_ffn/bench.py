@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from common import ON_GPU, Cell, check_close, timed
+from common.timing import cuda_kernel_events
 from tritonlab.sparse_ffn import fixed_slice_matmul, replace_ffn
 from tritonlab.testing import dtype_name, rel_err
 from tritonlab.tuning import ConfigRecord
@@ -283,12 +284,7 @@ def profile_rows(model, inputs: dict, top: int = PROFILE_TOP) -> list[dict]:
             torch.cuda.synchronize()
     model.zero_grad(set_to_none=True)
     if ON_GPU:
-        # (user ranges' GPU-side entries are not kernels)
-        events = [
-            e
-            for e in prof.key_averages()
-            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
-        ]
+        events = cuda_kernel_events(prof.key_averages())
         self_us = {id(e): e.self_device_time_total for e in events}
     else:
         events = [e for e in prof.key_averages() if e.device_type == DeviceType.CPU]

@@ -363,7 +363,7 @@ def test_the_kernel_table_leaves_out_the_ranges_gpu_side_entries(monkeypatch):
 
     def event(key, ms, annotation):
         return types.SimpleNamespace(
-            key=key, count=1, device_type="DeviceType.CUDA", self_device_time_total=ms * 1e3,
+            key=key, count=1, device_type=torch.autograd.DeviceType.CUDA, self_device_time_total=ms * 1e3,
             is_user_annotation=annotation,
         )  # fmt: skip
 
