@@ -143,10 +143,10 @@ def _goals(ok: pd.DataFrame, every_run: pd.DataFrame) -> str:
                 continue
             best = _fastest(others)
             if best["ms"] * TIE < ours["ms"]:
-                host, device = ours.get("host_ms", float("nan")), ours.get("device_ms", float("nan"))
                 why = (
-                    f" (ours host-bound: {host:.3f} ms of CPU per call, {device:.3f} ms of kernels)"
-                    if host > device
+                    f" (ours host-bound: {ours['host_ms']:.3f} ms of CPU per call, {ours['device_ms']:.3f} ms "
+                    "of kernels)"
+                    if _host_bound(ours)
                     else ""
                 )
                 slower.append(
@@ -193,6 +193,11 @@ def _check_cost(ok: pd.DataFrame) -> str:
     )
 
 
+def _host_bound(row: pd.Series) -> bool:
+    """A cell whose call costs the CPU more than its kernels cost the GPU (False where unmeasured)."""
+    return row.get("host_ms", float("nan")) > row.get("device_ms", float("nan"))
+
+
 def _options_goal(every_run: pd.DataFrame) -> str:
     """Per options shape, the options against the plain loss, both ours, from the newest run that
     timed the two (not the per-cell verdict runs, which may differ between the two cells)."""
@@ -212,9 +217,7 @@ def _options_goal(every_run: pd.DataFrame) -> str:
         cost = row["ms"] / plain_row["ms"]
         verdict = "met" if cost <= OPTIONS_COST_GOAL else "missed"
         kernels = ""
-        if max(row.get("host_ms", 0.0), plain_row.get("host_ms", 0.0)) > min(
-            row.get("device_ms", float("inf")), plain_row.get("device_ms", float("inf"))
-        ):  # a host-bound cell: what the kernels themselves cost says more than the call times
+        if _host_bound(row) or _host_bound(plain_row):  # the kernels' own cost says more than the calls'
             kernels = (
                 f"; host-bound: the kernels take {row['device_ms']:.3f} against {plain_row['device_ms']:.3f} ms, "
                 f"{row['device_ms'] / plain_row['device_ms']:.2f}x"
