@@ -208,6 +208,7 @@ class GraphedStep:
             with contextlib.suppress(RuntimeError):
                 torch.cuda.synchronize()
             self.graph = None
+            _end_rng_capture(self._stream)
             raise GraphCaptureError(_explain(failure, stage)) from failure
         torch.cuda.current_stream().wait_stream(self._stream)
         return loss
@@ -294,6 +295,19 @@ def _explain(err: BaseException, stage: str) -> str:
         f"cannot capture the training step in a CUDA graph: the {stage} failed in {where}: {cause}. "
         f"Original error: {type(original).__name__}: {message}"
     )
+
+
+def _end_rng_capture(stream: torch.cuda.Stream) -> None:
+    """Close the CUDA RNG's capture state after a failed capture. ``capture_end`` raises before it
+    tells the default generator that capture is over, and every later random op on the device then
+    fails ("Offset increment outside graph capture encountered unexpectedly"): seen on the H100, a
+    test after a failed capture. A tiny capture that succeeds ends the generator's state properly."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        torch.empty(1, device=stream.device).zero_()
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
 
 
 def _is_capture_error(err: BaseException) -> bool:

@@ -193,7 +193,8 @@ def test_a_component_that_syncs_the_host_gives_a_clear_error(components, stage, 
     with pytest.raises(GraphCaptureError, match=f"the {stage} failed in {culprit}") as err:
         GraphedStep(model, optimizer, model.loss, tasks, warmup=1, autocast_dtype=torch.bfloat16)
     assert isinstance(err.value, RuntimeError) and "synchronises with the host" in str(err.value)
-    # The device is still usable: an eager step runs after the failed capture.
+    # The device is still usable: random numbers and an eager step after the failed capture.
+    assert torch.randn(3, device="cuda").isfinite().all()
     plain, plain_optimizer = build(CFG, Components(attention=sdpa_attention("cudnn")), seed=0, device="cuda")
     assert torch.isfinite(train_step(plain, plain.loss, plain_optimizer, tasks, torch.bfloat16)).item()
 

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ..checks import FLOAT_DTYPES, check_tensor
-from ..tuning import fits_shared_memory
+from ..tuning import dot_precision, fits_shared_memory
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -184,6 +184,14 @@ def fits(element_size: int, head_dim: int, *, fixed_rows: int, streamed_rows: in
         element_size, head_dim, fixed_rows=fixed_rows, streamed_rows=streamed_rows, stages=stages
     )
     return fits_shared_memory(need, headroom=1.1)
+
+
+def small_tiles_only(element_size: int, head_dim: int) -> bool:
+    """Whether only tiles up to 64 x 64 are tried: D = 128 or float32 tiles above it overflow
+    registers; and IEEE float32 dots run on the FMA units, where each larger tile's unrolled products
+    cost minutes of compiling (one float32 fused-backward test tuned for 276 s on the H100)."""
+    fma = element_size == 4 and dot_precision(torch.float32) == "ieee"
+    return fma or element_size * head_dim > 256
 
 
 def smallest(configs, *names: str):

@@ -47,6 +47,7 @@ from ._common import (
     fits,
     load_rows,
     shape_bucket,
+    small_tiles_only,
     smallest,
     softmax_scale,
     strides4,
@@ -306,12 +307,12 @@ def _configs(space) -> list:
 
 def _prune_by(fixed: str, streamed: str):
     """A prune for a loop that keeps two ``fixed`` tiles (K and V, or Q and dO) and streams two
-    ``streamed`` tiles per stage: tiles that fit shared memory; and fp32 or D = 128 tiles above
-    64 x 64, which overflow registers."""
+    ``streamed`` tiles per stage: tiles that fit shared memory, and no larger than 64 x 64 where
+    ``small_tiles_only`` says so."""
 
     def prune(configs, named_args, **kwargs):
         elem, d = named_args["Q"].element_size(), kwargs.get("HEAD_DIM", 64)
-        big = elem * d > 256
+        big = small_tiles_only(elem, d)
 
         def ok(c):
             bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]

@@ -40,7 +40,17 @@ from .._launch import LaunchCache, autotune_for_launch, signature_key
 from .._runtime import INTERPRET
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures
 from ..tuning_tables import autotune
-from ._common import LOG2E, config_string, fits, load_rows, row_delta, shape_bucket, strides4, tuning_bench
+from ._common import (
+    LOG2E,
+    config_string,
+    fits,
+    load_rows,
+    row_delta,
+    shape_bucket,
+    small_tiles_only,
+    strides4,
+    tuning_bench,
+)
 from .backward import (
     _attend,
     _attention_ops,
@@ -166,10 +176,10 @@ _FALLBACK_AREA = 32 * 32
 
 def _fits(config, element_size: int, head_dim: int) -> bool:
     """Both roles fit shared memory (key programs keep K, V and stream Q, dO, O; query programs keep
-    Q, dO, O and stream K, V); fp32 or D = 128 tiles above 64 x 64 overflow registers."""
+    Q, dO, O and stream K, V); no tile above 64 x 64 where ``small_tiles_only`` says so."""
     kw, stages = config.kwargs, config.num_stages
     m1, n1, m2, n2 = kw["BLOCK_M1"], kw["BLOCK_N1"], kw["BLOCK_M2"], kw["BLOCK_N2"]
-    if element_size * head_dim > 256 and max(m1 * n1, m2 * 64) > 64 * 64:
+    if small_tiles_only(element_size, head_dim) and max(m1 * n1, m2 * 64) > 64 * 64:
         return False
     return fits(element_size, head_dim, fixed_rows=2 * n1, streamed_rows=3 * m1, stages=stages) and fits(
         element_size, head_dim, fixed_rows=3 * m2, streamed_rows=2 * n2, stages=stages
