@@ -324,7 +324,11 @@ def test_cross_entropy_options_bf16(vocab, option, reduction):
     loss_ref = cross_entropy_options_ref(ref, target.cpu(), reduction=reduction, **ref_opts)
     (grad_ref,) = torch.autograd.grad(loss_ref, ref, upstream.cpu().double())
     assert loss.dtype == torch.bfloat16 and grad.dtype == torch.bfloat16
-    assert rel_err(loss, loss_ref) < BF16_TOL and rel_err(grad, grad_ref) < BF16_TOL
+    # The gradient is rounded to bf16 twice: stored by the forward, then scaled by the (random)
+    # upstream value. The target entries of a mean, all about -(1 - eps) / rows, round alike each
+    # time, so the error adds up: at most 2 x 2**-8 (seen: 5.1e-3 and 5.9e-3 at vocab 128256 on the
+    # H100). F.cross_entropy rounds once; an upstream of 1 (loss.backward()) scales exactly.
+    assert rel_err(loss, loss_ref) < BF16_TOL and rel_err(grad, grad_ref) < 2 * 2**-8
     assert torch.all(grad[::7] == 0)
 
 
