@@ -601,7 +601,10 @@ def cross_entropy(
 
     With ``inplace=True`` the gradient is written over the logits (saving their size in memory); the
     caller's logits are then gone, so use it only when nothing else needs them. A second backward
-    through the same graph (``retain_graph=True``) is refused.
+    through the same graph (``retain_graph=True``) is refused. The forward computes the gradient and
+    stores it in the logits' dtype; the backward scales it by the upstream gradient. An upstream of
+    1 (``loss.backward()``) or a power of two scales exactly; any other value rounds a 16-bit
+    gradient a second time (F.cross_entropy rounds once): up to 2 x 2**-8 relative in bf16.
 
     A target outside [0, V) that is not ``ignore_index`` raises ``ValueError``. Finding out reads a
     count from the device: one wait per call for a small kernel queued before the main one (the GPU

@@ -113,3 +113,32 @@ def test_shared_memory_estimate_of_the_issue():
     assert _common.tile_smem_bytes(4, 128, fixed_rows=128, streamed_rows=256, stages=3) > H100_LIMIT
     assert _common.tile_smem_bytes(2, 64, fixed_rows=128, streamed_rows=256, stages=3) * 1.1 < H100_LIMIT
     assert triton.next_power_of_2(100) == 128  # the prune's width rule relies on it
+
+
+def _largest_tile(configs, *names) -> int:
+    return max(c.kwargs[names[0]] * c.kwargs[names[1]] for c in configs)
+
+
+def test_ieee_float32_backward_tunes_only_small_tiles(h100, monkeypatch):
+    # IEEE float32 dots run on the FMA units: tiles above 64 x 64 only cost compile time (a float32
+    # fused-backward test tuned for 276 s on the H100 before). With TF32 allowed they stay in.
+    monkeypatch.setattr(fused, "_drop_spilling", lambda configs, compile_for_call: configs)
+    spaces = {
+        "dkdv": lambda: backward._prune_by("BLOCK_N", "BLOCK_M")(
+            backward._dkdv_autotuned.configs, _Args(torch.float32), HEAD_DIM=64
+        ),
+        "fused": lambda: fused._prune(
+            fused._fused_autotuned.configs, _Args(torch.float32, lk=1000), HEAD_DIM=64
+        ),
+    }
+    names = {"dkdv": ("BLOCK_M", "BLOCK_N"), "fused": ("BLOCK_M1", "BLOCK_N1")}
+    assert _common.small_tiles_only(4, 64) and not _common.small_tiles_only(2, 64)
+    for kernel, pruned in spaces.items():
+        assert _largest_tile(pruned(), *names[kernel]) <= 64 * 64, kernel
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        assert not _common.small_tiles_only(4, 64) and _common.small_tiles_only(4, 128)
+        assert _largest_tile(spaces["dkdv"](), *names["dkdv"]) > 64 * 64
+    finally:
+        torch.set_float32_matmul_precision(previous)
