@@ -17,6 +17,7 @@ from common.report import (  # noqa: E402
     markdown_table,
     ok_table,
     select_latest,
+    verdict_run,
     write_atomically,
 )
 
@@ -34,11 +35,36 @@ TABLE = ["shape", "batch", "dtype", "variant", "step_ms", "step_p20_ms", "step_p
 
 
 def _prepare(df: pd.DataFrame) -> pd.DataFrame:
-    """This phase's rows of the newest run group per shape and dtype (measured side by side)."""
+    """Per GPU, shape and dtype, the rows of one run (measured side by side): the newest that lacks
+    no baseline known to beat the ones it has (``verdict_run``), so that a run of a few variants (a
+    loss check) does not hide a complete one; the newest run where no run has a custom variant."""
     if df.empty or "base_variant" not in df:
         return pd.DataFrame()
-    keep = select_latest(df, ["shape", "dtype"])
+    parts = []
+    for _, part in select_latest(df, ["shape", "dtype"]).groupby(["gpu", "shape", "dtype"], dropna=False):
+        cell = df.loc[(df["gpu"] == part["gpu"].iloc[0]) & (df["shape"] == part["shape"].iloc[0])
+                      & (df["dtype"] == part["dtype"].iloc[0])]  # fmt: skip
+        ok = cell.loc[cell["status"] == "ok"].assign(
+            step_ms=lambda d: pd.to_numeric(d["step_ms"], errors="coerce")
+        )
+        is_base = ok["base_variant"].isin(BASELINES)
+        run = verdict_run(
+            ok,
+            list(ok.loc[~is_base, "variant"].unique()),
+            list(ok.loc[is_base, "variant"].unique()),
+            "step_ms",
+        )
+        parts.append(part if run is None else cell.loc[cell["run_group"] == run])
+    keep = pd.concat(parts)
     return _speedups(keep.assign(order=keep["shape"].map(SHAPE_ORDER).fillna(9)))
+
+
+def _newest_per_variant(df: pd.DataFrame) -> pd.DataFrame:
+    """Each (GPU, shape, dtype, variant)'s newest ok row: a loss curve depends on the variant, the seed
+    and the data, not on what ran beside it, so each variant shows its newest one."""
+    ok = df.loc[df["status"] == "ok"]
+    newest = ok.groupby(["gpu", "shape", "dtype", "variant"], dropna=False)["utc"].transform("max")
+    return ok.loc[ok["utc"] == newest].assign(order=lambda d: d["shape"].map(SHAPE_ORDER).fillna(9))
 
 
 def _speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -174,6 +200,7 @@ def _loss_figure(df: pd.DataFrame, figs: Figures) -> str:
 
 # Opens as 09's and 10's renders do (a three-line guard, then the heading); the rest is this phase's own.
 def render(df: pd.DataFrame, fig: Figures) -> str:
+    curves = _newest_per_variant(df) if "base_variant" in df else df
     df = _prepare(df)
     if df.empty:
         return "_no rows of this phase_\n"
@@ -185,7 +212,8 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "reference model within the README's tolerance before it was timed; a mismatch is an error row.\n\n"
         "## Tokens/s per variant and shape\n\n" + _tokens_figure(df, fig)
         + "\n## Where the time goes\n\n" + _stages_figure(df, fig)
-        + "\n## Loss curves\n\n" + (_loss_figure(df, fig) or "_no loss curve recorded_\n")
+        + "\n## Loss curves\n\nEach variant's newest curve (same seed and data in every run; its run may "
+        "differ from the one timed above).\n\n" + (_loss_figure(curves, fig) or "_no loss curve recorded_\n")
         + "\n## Every step measured\n\n"
         + ok_table(df, TABLE, sort_by=["order", "dtype", "variant"], none="_no step measured_\n")
         + failures_table(df)
