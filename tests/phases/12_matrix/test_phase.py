@@ -135,3 +135,27 @@ def test_without_measurements_the_headline_says_not_measured(tmp_path):
     rows = rows.loc[rows["variant"] == "compile+custom-bf16-fused"]
     text = report.render(rows, Figures("12_matrix", tmp_path, GPU))
     assert "not measured" in text.split("## Tokens/s")[0]
+
+
+def test_a_run_of_a_few_variants_does_not_hide_the_complete_run(tmp_path, monkeypatch):
+    # A later loss check timed the FP8 variant beside eager cuDNN only: the headline stays with the
+    # complete run (its compiled baseline beat eager cuDNN), the loss curves show the newest of each.
+    report = phase_module("12", "report")
+    rows = _gpu_rows()
+    later = rows.loc[(rows["shape"] == "small") & rows["variant"].isin(["sdpa-cudnn"])].copy()
+    fp8 = later.copy().assign(variant="custom-fp8-fused", base_variant="custom-fp8-fused", step_ms=15.0)
+    later = pd.concat([later, fp8]).assign(
+        utc="2026-11-27T10:00:00Z", run_group="g2", loss_curve="3.0;2.0;1.0"
+    )
+    rows = pd.concat([rows, later], ignore_index=True)
+    rows["tokens_per_s"] = rows["tokens"] / rows["step_ms"] * 1e3
+    small = {v.cell: v for v in report.headline(rows)}["fastest custom / best baseline tokens/s, small, bf16"]
+    assert small.ours == "custom-bf16-fused" and small.baseline == "compile+sdpa-cudnn"
+    plotted = []
+    monkeypatch.setattr(report, "_loss_figure", lambda df, figs: plotted.append(df) or "")
+    report.render(rows, Figures("12_matrix", tmp_path, GPU))
+    curves = plotted[0].loc[plotted[0]["shape"] == "small"].set_index("variant")
+    assert (
+        curves.loc["custom-fp8-fused", "run_group"] == "g2" and curves.loc["sdpa-cudnn", "run_group"] == "g2"
+    )
+    assert curves.loc["compile+sdpa-cudnn", "run_group"] == "g1"
