@@ -61,26 +61,6 @@ def test_kernel_takes_strided_views_and_empty_shapes():
     assert (zeros_k == 0).all() and zeros_k.shape == (6, 5)
 
 
-@pytest.mark.parametrize("n_rows", [0, 1, 37, 69, 70])
-def test_descriptor_and_pointer_loads_agree(n_rows, monkeypatch):
-    # Aligned, unit-stride dy and w go through tensor descriptors (their zero fill is the slice's
-    # edge); anything else through masked pointers. Both must give the same dx.
-    import tritonlab.sparse_ffn as sparse_ffn
-
-    dy, w = make((70, 48), torch.float16, 4), make((48, 40), torch.float16, 5)
-    taken = []
-    monkeypatch.setattr(sparse_ffn, "tma_ok", lambda *t: taken.append(True) or True)
-    with poisoned_empty():
-        by_descriptor = fixed_slice_matmul(dy, w, n_rows)
-    monkeypatch.setattr(sparse_ffn, "tma_ok", lambda *t: False)
-    with poisoned_empty():
-        by_pointer = fixed_slice_matmul(dy, w, n_rows)
-    assert taken and torch.equal(by_descriptor, by_pointer)
-    assert (by_descriptor[n_rows:] == 0).all()
-    if n_rows:
-        assert rel_err(by_descriptor[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[torch.float16]
-
-
 @pytest.mark.parametrize(
     ("call", "argument"),
     [
@@ -274,12 +254,7 @@ def test_kernel_is_keyed_in_the_config_tables_by_power_of_two_rows_and_n():
     assert kernel.spec.phase == "sparse_ffn" and kernel.spec.dtype_arg == "dy_ptr"
 
     def key(T, n_rows):
-        args = {"T": T, "N_ROWS": n_rows, "K": 768, "D": 3072, "DOT_PRECISION": "tf32", "USE_TMA": True}
-        return kernel.bucket_key(args)
+        return kernel.bucket_key({"T": T, "N_ROWS": n_rows, "K": 768, "D": 3072, "DOT_PRECISION": "tf32"})
 
-    assert (
-        key(4000, 3000)
-        == key(4096, 2049)
-        == "T=4096,N_ROWS=4096,K=768,D=3072,DOT_PRECISION=tf32,USE_TMA=True|"
-    )
+    assert key(4000, 3000) == key(4096, 2049) == "T=4096,N_ROWS=4096,K=768,D=3072,DOT_PRECISION=tf32|"
     assert key(4097, 3000) != key(4096, 3000) != key(4096, 2048)
