@@ -245,7 +245,7 @@ def kernel_cell(workload, kernel: str, probes: dict) -> Cell:
 
 
 def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
-    """Three fresh processes, each with an empty Triton compile cache of its own except the second:
+    """Fresh processes, each with an empty Triton compile cache of its own except the second:
     the table with every kernel compiled from scratch (``table_cold``), the table again on the first's
     cache (``table_warm``: a restart, nothing left to compile or tune), and a full tune (``full``:
     what the first run costs without a table). Compilation is not tuning; the split shows which is
@@ -256,6 +256,9 @@ def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
         with tempfile.TemporaryDirectory() as table_cache, tempfile.TemporaryDirectory() as full_cache:
             cold = _probe("table", what, table_dir, timeout=1800, cache_dir=Path(table_cache))
             warm = _probe("table", what, table_dir, timeout=1800, cache_dir=Path(table_cache))
+            where = _probe(
+                "table", [*what, "--profile"], table_dir, timeout=1800, cache_dir=Path(table_cache)
+            )
             full = _probe("full", what, table_dir, timeout=1800, cache_dir=Path(full_cache))
         return {
             "first_step_s_table_cold": cold["first_step_s"],
@@ -267,6 +270,10 @@ def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
             "first_vs_steady_table_warm": warm["first_step_s"] * 1e3 / warm["steady_ms"],
             "first_vs_steady_full": full["first_step_s"] * 1e3 / full["steady_ms"],
             "picks_table": _pick_text(warm["picks"]),
+            # Where a restart's first step goes (a fourth process, the warm cache, under cProfile).
+            "first_step_profile_table_warm": "; ".join(
+                f"{name} {cum:.3f}s ({calls} calls)" for name, cum, _, calls in where["first_step_profile"]
+            ),
         }
 
     return Cell("startup", shape, "bf16", run, {"function": "TransformerNP"})

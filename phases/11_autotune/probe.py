@@ -14,7 +14,8 @@ output:
   candidate's median ms; empty unless something was tuned);
 - ``--model SHAPE``: the TransformerNP with our kernels (two-pass attention, staged fused MLP,
   grouped heads, GMM loss) under bf16 autocast: ``first_step_s`` and ``steady_ms`` (the median of
-  ``--steps`` steps after two warm-up steps), and the picks.
+  ``--steps`` steps after two warm-up steps), and the picks; with ``--profile``, instead,
+  ``first_step_profile``: the first step's top functions under cProfile.
 """
 
 import argparse
@@ -62,7 +63,28 @@ def probe_workload(name: str) -> dict:
     return {"first_s": first, **timing.as_row(), "picks": picks(workload.kernels), "tunings": tunings}
 
 
-def probe_model(shape_name: str, steps: int) -> dict:
+def profiled(fn, top: int = 15) -> list[list]:
+    """``fn`` under cProfile: the ``top`` functions by cumulative seconds, as [name, cumulative s,
+    own s, calls] -- where a first call's time goes on the host (loading compiled kernels, library
+    handles, tuning-table lookups); cProfile itself slows the call, so its total is not the figure."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    torch.cuda.synchronize()
+    profile.enable()
+    fn()
+    torch.cuda.synchronize()
+    profile.disable()
+    stats = pstats.Stats(profile).stats
+    rows = sorted(stats.items(), key=lambda item: -item[1][3])[:top]
+    return [
+        [f"{Path(file).name}:{line}({name})", round(cum, 4), round(own, 4), calls]
+        for (file, line, name), (calls, _, own, cum, _) in rows
+    ]
+
+
+def probe_model(shape_name: str, steps: int, profile: bool = False) -> dict:
     from tritonlab.attention import attention
     from tritonlab.gmm import gmm_nll
     from tritonlab.grouped_gemm import gmm_heads
@@ -77,6 +99,8 @@ def probe_model(shape_name: str, steps: int) -> dict:
     def step():
         train_step(model, model.loss, optimizer, tasks, torch.bfloat16)
 
+    if profile:  # the first step under cProfile: where it goes, not how long it takes
+        return {"first_step_profile": profiled(step)}
     first = _seconds(step)
     for _ in range(2):
         step()
@@ -99,11 +123,20 @@ def main(argv=None) -> None:
     what.add_argument("--model", choices=tuning_workloads.TNP_SHAPES)
     parser.add_argument("--steps", type=int, default=10, help="steady steps timed with --model")
     parser.add_argument("--tables", default=None, help="read tables from this directory")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --model: profile the first step (cProfile) instead of timing",
+    )
     args = parser.parse_args(argv)
     os.environ[tuning_tables.ENV_VAR] = args.mode
     if args.tables:
         tuning_tables.TUNER.table_dir = Path(args.tables)
-    result = probe_workload(args.workload) if args.workload else probe_model(args.model, args.steps)
+    if args.profile and not args.model:
+        parser.error("--profile: only with --model")
+    result = (
+        probe_workload(args.workload) if args.workload else probe_model(args.model, args.steps, args.profile)
+    )
     print(json.dumps({"mode": args.mode, **result}))
 
 

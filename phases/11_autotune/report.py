@@ -125,6 +125,14 @@ def render(df: pd.DataFrame, fig) -> str:
             "second. Older rows have `first_step_s_table` only, with the cache as the run found it.\n",
             markdown_table(startup, [c for c in STARTUP if c in startup]),
         ]
+        if "first_step_profile_table_warm" in startup:
+            for _, row in startup.dropna(subset=["first_step_profile_table_warm"]).iterrows():
+                top = str(row["first_step_profile_table_warm"]).split("; ")
+                parts.append(
+                    f"\nWhere a restart's first step goes at {row['shape']} (another fresh process on the "
+                    "warm cache, under cProfile, which slows it: the shares, not the seconds):\n\n"
+                    + "".join(f"- `{entry}`\n" for entry in top)
+                )
     tune = _latest(df, "tune", ["shape", "function"])
     if not tune.empty:
         parts += ["\n## Tuning runs that wrote the tables\n", markdown_table(tune, [*TUNE, "picks"])]

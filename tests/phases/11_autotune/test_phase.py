@@ -181,6 +181,11 @@ def test_a_split_startup_row_gets_a_verdict_with_and_without_compiled_kernels(tm
     assert not any("as found" in cell for cell in verdicts)  # the newer row replaces the old one
     text = report.render(rows, Figures("11_autotune", tmp_path, GPU))
     assert "first_step_s_table_cold" in text and "first_step_s_table_warm" in text
+    rows.loc[rows.index[-1], "first_step_profile_table_warm"] = "jit.py:600(run) 0.900s (40 calls)"
+    text = report.render(rows, Figures("11_autotune", tmp_path, GPU))
+    assert (
+        "Where a restart's first step goes at mid" in text and "- `jit.py:600(run) 0.900s (40 calls)`" in text
+    )
 
 
 def test_the_startup_cell_compiles_once_then_restarts_on_that_cache(monkeypatch, tmp_path):
@@ -188,17 +193,30 @@ def test_the_startup_cell_compiles_once_then_restarts_on_that_cache(monkeypatch,
     calls = []
 
     def probe(mode, what, table_dir, timeout=900, cache_dir=None):
-        calls.append((mode, cache_dir))
-        first = {0: 12.0, 1: 0.2, 2: 40.0}[len(calls) - 1]
+        calls.append((mode, cache_dir, "--profile" in what))
+        if "--profile" in what:
+            return {"first_step_profile": [["jit.py:600(run)", 0.9, 0.01, 40], ["x.py:1(f)", 0.2, 0.2, 1]]}
+        first = {0: 12.0, 1: 0.2, 3: 40.0}[len(calls) - 1]
         return {"first_step_s": first, "steady_ms": 100.0, "picks": {"k": "c"}}
 
     monkeypatch.setattr(bench, "_probe", probe)
     row = bench.startup_cell("mid", tmp_path).run()
-    (m1, c1), (m2, c2), (m3, c3) = calls
-    assert (m1, m2, m3) == ("table", "table", "full")
-    assert c1 == c2 and c3 != c1 and c1 is not None and c3 is not None  # the restart reuses the first's cache
+    (m1, c1, p1), (m2, c2, p2), (m3, c3, p3), (m4, c4, p4) = calls
+    assert (m1, m2, m3, m4) == ("table", "table", "table", "full") and (p1, p2, p3, p4) == (
+        False,
+        False,
+        True,
+        False,
+    )
+    assert (
+        c1 == c2 == c3 and c4 != c1 and c1 is not None and c4 is not None
+    )  # restarts reuse the first's cache
     assert row["first_step_s_table_cold"] == 12.0 and row["first_step_s_table_warm"] == 0.2
     assert row["first_vs_steady_table_warm"] == pytest.approx(2.0) and row["first_vs_steady_full"] == 400.0
+    assert (
+        row["first_step_profile_table_warm"]
+        == "jit.py:600(run) 0.900s (40 calls); x.py:1(f) 0.200s (1 calls)"
+    )
 
 
 def test_a_probe_gets_the_compile_cache_it_is_given(monkeypatch, tmp_path):
@@ -251,3 +269,20 @@ def test_write_tables_writes_the_h100_table_and_the_a100_one_beside_it(tmp_path,
     h100, a100 = (tt.ConfigTable.load(p) for p in written)
     assert h100.entry("toy.k", "A")["workload"] == "toy@small"
     assert tt.config_id(a100.entry("toy.k", "A")["config"]) == tt.config_id(SLOW)
+
+
+def test_the_profiled_first_call_lists_the_top_functions_by_cumulative_time(monkeypatch):
+    probe = phase_module("11", "probe")
+    monkeypatch.setattr(probe.torch.cuda, "synchronize", lambda: None)
+
+    def inner():
+        return sum(i * i for i in range(20_000))
+
+    def outer():
+        return inner() + inner()
+
+    top = probe.profiled(outer, top=5)
+    assert len(top) <= 5 and all(len(entry) == 4 for entry in top)
+    cumulative = [entry[1] for entry in top]
+    assert cumulative == sorted(cumulative, reverse=True)
+    assert any("(inner)" in entry[0] and entry[3] == 2 for entry in top)
