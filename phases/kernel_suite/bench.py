@@ -39,7 +39,7 @@ from tritonlab.ops.cross_entropy import CrossEntropyFunction, CrossEntropySettin
 from tritonlab.ops.rms_norm import RMSNormFunction, RMSNormSettings
 from tritonlab.testing import DTYPES, rel_err
 
-from .names import KERNELS
+from .names import CE_OPTION_SETS, KERNELS
 
 try:  # optional: `uv sync --extra liger`; without it Liger's cells are rows saying so
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
@@ -58,7 +58,7 @@ VARIANTS = ("ours", "ours-unchecked", "eager", "compile", "liger")
 # "ours-unchecked" times them with check_targets=False, to show what that wait costs where the host
 # is the bound (small sizes). The fused linear cross-entropy waits once per call too, behind GEMMs
 # of tens of milliseconds: not offered there.
-TARGET_CHECKED = ("cross_entropy", "cross_entropy_options")
+TARGET_CHECKED = ("cross_entropy", *CE_OPTION_SETS)
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
 # (tokens, width) per kernel and size set; rope's width is heads x head_dim of q (k has a quarter
@@ -101,6 +101,9 @@ SIZES = {
         "fp8_block": [(4096, 1024), (8192, 4096), (32768, 8192), (65536, 8192)],
     },
 }
+for _sizes in SIZES.values():  # each option alone at the sizes of all of them at once
+    for _kernel in CE_OPTION_SETS:
+        _sizes.setdefault(_kernel, _sizes["cross_entropy_options"])
 ROPE_HEAD_DIM = 128 if ON_GPU else 8
 # fused_linear_cross_entropy's sizes are (tokens, vocabulary); the hidden width is this.
 FLCE_HIDDEN = 4096 if ON_GPU else 13
@@ -143,23 +146,28 @@ def cross_entropy_eager(logits, target, ignore_index=-100):
     return F.cross_entropy(logits.float(), target, ignore_index=ignore_index)
 
 
-# The options cell: every option of issue 25 on at once, at values models use (Gemma 2's softcap,
-# PaLM's z-loss); its goal is ours within 5% of our plain loss at the same size.
-CE_OPTIONS = {"label_smoothing": 0.1, "softcap": 30.0, "lse_square_scale": 1e-4}
-
-
-def cross_entropy_options_eager(logits, target, ignore_index=-100):
-    z = CE_OPTIONS["softcap"] * torch.tanh(logits.float() / CE_OPTIONS["softcap"])
+def cross_entropy_options_eager(
+    logits, target, ignore_index=-100, options=CE_OPTION_SETS["cross_entropy_options"]
+):
+    """The options in PyTorch, as a model writes them: softcap, then F.cross_entropy with label
+    smoothing, plus the z-loss averaged over the counted tokens."""
+    z = logits.float()
+    if options.get("softcap"):
+        z = options["softcap"] * torch.tanh(z / options["softcap"])
     loss = F.cross_entropy(
-        z, target, ignore_index=ignore_index, label_smoothing=CE_OPTIONS["label_smoothing"]
+        z, target, ignore_index=ignore_index, label_smoothing=options.get("label_smoothing", 0.0)
     )
-    counted = target != ignore_index
-    lse = torch.logsumexp(z, dim=-1)
-    return loss + CE_OPTIONS["lse_square_scale"] * (lse.square() * counted).sum() / counted.sum()
+    if options.get("lse_square_scale"):
+        counted = target != ignore_index
+        lse = torch.logsumexp(z, dim=-1)
+        loss = loss + options["lse_square_scale"] * (lse.square() * counted).sum() / counted.sum()
+    return loss
 
 
-def cross_entropy_options_ours(logits, target, check_targets=True):
-    return cross_entropy(logits, target, **CE_OPTIONS, check_targets=check_targets)
+def cross_entropy_options_ours(
+    logits, target, check_targets=True, options=CE_OPTION_SETS["cross_entropy_options"]
+):
+    return cross_entropy(logits, target, **options, check_targets=check_targets)
 
 
 def linear_cross_entropy_eager(x, weight, target, ignore_index=-100):
@@ -178,6 +186,15 @@ def fp8_eager(x, granularity="row", block=128):
 def _first(out):
     """Liger's functions return the loss alone or (loss, extras...) depending on the version."""
     return out[0] if isinstance(out, tuple | list) else out
+
+
+def _liger_ce_options(logits, target, options):
+    return _first(
+        LigerCrossEntropyFunction.apply(
+            logits, target, None, -100, options.get("lse_square_scale", 0.0),
+            options.get("label_smoothing", 0.0), "mean", options.get("softcap"),
+        )
+    )  # fmt: skip
 
 
 def liger_ops() -> dict:
@@ -199,18 +216,10 @@ def liger_ops() -> dict:
         "cross_entropy": lambda logits, target: LigerCrossEntropyFunction.apply(logits, target, None, -100)[
             0
         ],
-        "cross_entropy_options": lambda logits, target: _first(
-            LigerCrossEntropyFunction.apply(
-                logits,
-                target,
-                None,
-                -100,
-                CE_OPTIONS["lse_square_scale"],
-                CE_OPTIONS["label_smoothing"],
-                "mean",
-                CE_OPTIONS["softcap"],
-            )
-        ),  # fmt: skip
+        **{
+            kernel: functools.partial(_liger_ce_options, options=options)
+            for kernel, options in CE_OPTION_SETS.items()
+        },
         "fused_linear_cross_entropy": lambda x, w, target: _first(
             LigerFusedLinearCrossEntropyFunction.apply(x, w, target)
         ),
@@ -266,7 +275,7 @@ def _pass_bytes(fwd: int, bwd: int) -> dict[str, int]:
 def kernel_passes(kernel: str) -> tuple[str, ...]:
     """Cross-entropy's gradient is computed in our forward, so only forward+backward compares like
     with like; quantisation has no backward."""
-    if kernel in ("cross_entropy", "cross_entropy_options", "fused_linear_cross_entropy"):
+    if kernel in ("cross_entropy", "fused_linear_cross_entropy", *CE_OPTION_SETS):
         return ("fwd+bwd",)
     if kernel.startswith("fp8"):
         return ("fwd",)
@@ -285,7 +294,7 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         "geglu": geglu,
         "rope": rope,
         "cross_entropy": cross_entropy,
-        "cross_entropy_options": cross_entropy_options_ours,
+        **{k: functools.partial(cross_entropy_options_ours, options=o) for k, o in CE_OPTION_SETS.items()},
         "fused_linear_cross_entropy": fused_linear_cross_entropy,
         "fp8_row": functools.partial(quantize_fp8, granularity="row"),
         "fp8_block": functools.partial(quantize_fp8, granularity="block", block=128),
@@ -326,12 +335,16 @@ def make_case(kernel: str, tokens: int, width: int, dtype: torch.dtype, liger: d
         if not isinstance(liger_fn, str):
             liger_rope = liger_fn
             liger_fn = lambda q, k, c, s: liger_rope(q, k, cos_full, sin_full)
-    elif kernel in ("cross_entropy", "cross_entropy_options"):
+    elif kernel == "cross_entropy" or kernel in CE_OPTION_SETS:
         logits = _randn(tokens, width, dtype=dtype, requires_grad=True)
         target = torch.randint(0, width, (tokens,), device=DEVICE)
         target[::97] = -100  # a few ignored positions (padding)
         args, grad_outs, nbytes = [logits, target], None, {"fwd+bwd": 2 * elems * b + tokens * 8}
-        eager = cross_entropy_eager if kernel == "cross_entropy" else cross_entropy_options_eager
+        eager = (
+            cross_entropy_eager
+            if kernel == "cross_entropy"
+            else functools.partial(cross_entropy_options_eager, options=CE_OPTION_SETS[kernel])
+        )
     elif kernel == "fused_linear_cross_entropy":
         # width is the vocabulary; GB/s counts x, W read and dx, dW written once (the floor is the GEMMs).
         hidden = FLCE_HIDDEN

@@ -83,7 +83,11 @@ def test_fused_linear_cross_entropy_goal_is_time_against_compile_and_memory_at_o
 
 def test_the_options_cost_is_taken_against_the_plain_loss_of_the_same_run(tmp_path):
     report = phase_module("kernel_suite", "report")
-    cells = [("cross_entropy", "g3", 3.2), ("cross_entropy_options", "g3", 3.3)]
+    cells = [
+        ("cross_entropy", "g3", 3.2),
+        ("cross_entropy_options", "g3", 3.3),
+        ("cross_entropy_softcap", "g3", 4.0),
+    ]
     rows = pd.DataFrame(
         [
             {
@@ -96,9 +100,10 @@ def test_the_options_cost_is_taken_against_the_plain_loss_of_the_same_run(tmp_pa
         ]
     )  # fmt: skip
     figures = Figures("kernel_suite", tmp_path, "NVIDIA H100 80GB HBM3")
-    assert "3.300 ms with the options against 3.200 ms plain, 1.031x (met; run g3)" in report.render(
-        rows, figures
-    )
+    text = report.render(rows, figures)
+    all_on = "label_smoothing 0.1, softcap 30, lse_square_scale 0.0001, 16384x128256"
+    assert f"{all_on}: 3.300 ms against 3.200 ms plain, 1.031x (met; run g3)" in text
+    assert "- softcap 30, 16384x128256: 4.000 ms against 3.200 ms plain, 1.250x (missed; run g3)" in text
     # A newer run of the plain loss alone (with compile beside it, so the verdicts pick it) does not
     # break the pair: the ratio still comes from the run that timed both.
     newer = rows.iloc[[0, 0]].assign(
@@ -106,11 +111,11 @@ def test_the_options_cost_is_taken_against_the_plain_loss_of_the_same_run(tmp_pa
     )
     text = report.render(pd.concat([rows, newer], ignore_index=True), figures)
     assert "1.031x (met; run g3)" in text
-    host_bound = rows.assign(host_ms=[1.0, 1.2], device_ms=[0.27, 0.53])
+    host_bound = rows.assign(host_ms=[1.0, 1.2, 1.2], device_ms=[0.27, 0.53, 0.6])
     text = report.render(host_bound, figures)
     assert "host-bound: the kernels take 0.530 against 0.270 ms, 1.96x" in text
-    apart = rows.assign(run_group=["g3", "g4"])
-    assert "the plain loss was never timed in the options' run; no ratio" in report.render(apart, figures)
+    apart = rows.assign(run_group=["g3", "g4", "g4"])
+    assert "the plain loss was never timed in its run; no ratio" in report.render(apart, figures)
 
 
 def test_the_target_check_cost_compares_ours_with_and_without_it(tmp_path):
