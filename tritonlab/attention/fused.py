@@ -165,11 +165,25 @@ _SEARCH_SPACE = [
     (128, 64, 64, 64, 8, 3, True),
     (32, 32, 32, 32, 4, 2, False),
 ]
-# Configs that crash ptxas (error code -11) while tuning on the H100 with Triton 3.6.0, in the
-# _SEARCH_SPACE tuple form; dropped from the space before tuning. Filled in from the lead's
-# measurement on the H100 (issue 16); a crash that is not listed costs one warning line
-# (quiet_compile_failures) and the autotuner skips the config.
-_PTXAS_CRASHES: frozenset = frozenset()
+# Configs whose sm_90a build crashes ptxas (error code -11) with Triton 3.6.0 when Lq == Lk == 1
+# (both integers specialised to the constant 1), in bf16 and fp16, at any B and H: found by compiling
+# the whole space for sm_90a at (B, H, Lq, Lk) = (1, 1, 1, 1), (2, 3, 1, 1), (1, 1, 1, 17),
+# (1, 1, 17, 1), (2, 3, 1, 100), (2, 3, 100, 1) and four longer shapes, where only (2, 3, 1, 1) and
+# (1, 1, 1, 1) crash -- the nine crashes issue 16 saw. _prune drops them there; any other compile
+# failure while tuning is one warning line (quiet_compile_failures) and the config is skipped.
+_PTXAS_CRASHES_AT_ONE_BY_ONE = frozenset(
+    {
+        (32, 128, 128, 64, 4, 3, False),
+        (32, 128, 128, 64, 8, 3, False),
+        (64, 128, 128, 64, 8, 3, False),
+        (32, 128, 64, 64, 4, 3, False),
+        (64, 64, 64, 64, 4, 3, False),
+        (64, 64, 128, 64, 8, 2, False),
+        (64, 64, 64, 64, 4, 3, True),
+        (32, 64, 64, 64, 4, 3, True),
+        (128, 64, 64, 64, 8, 3, True),
+    }
+)
 _INTERPRETER_TILES = {"BLOCK_M1": 32, "BLOCK_N1": 16, "BLOCK_M2": 16, "BLOCK_N2": 32}
 _FALLBACK_AREA = 32 * 32
 
@@ -186,10 +200,19 @@ def _fits(config, element_size: int, head_dim: int) -> bool:
     )
 
 
+def _space_tuple(config) -> tuple:
+    """A config in _SEARCH_SPACE's tuple form."""
+    kw = config.kwargs
+    tiles = (kw["BLOCK_M1"], kw["BLOCK_N1"], kw["BLOCK_M2"], kw["BLOCK_N2"])
+    return (*tiles, config.num_warps, config.num_stages, kw["KEYS_WRITE_DQ"])
+
+
 def _prune(configs, named_args, **kwargs):
     # Tiles that fit the GPU; for short K, tiles no wider than K; key programs write dQ only where
-    # one key block holds every key; then no config that spills.
+    # one key block holds every key; none that crashes ptxas; then no config that spills.
     elem, d, lk = named_args["Q"].element_size(), kwargs.get("HEAD_DIM", 64), named_args["Lk"]
+    if named_args["Lq"] == 1 and lk == 1:
+        configs = [c for c in configs if _space_tuple(c) not in _PTXAS_CRASHES_AT_ONE_BY_ONE]
     width = max(64, triton.next_power_of_2(lk))
     usable = [c for c in configs if not c.kwargs["KEYS_WRITE_DQ"] or lk <= c.kwargs["BLOCK_N1"]]
     fitting = [c for c in usable if _fits(c, elem, d)]
@@ -238,7 +261,6 @@ _fused_autotuned = autotune(
             num_stages=st,
         )
         for m1, n1, m2, n2, w, st, kw in _SEARCH_SPACE
-        if (m1, n1, m2, n2, w, st, kw) not in _PTXAS_CRASHES
     ],
     name="attention.fused_backward",
     phase="04_fused_attn",
