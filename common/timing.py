@@ -37,6 +37,43 @@ except ImportError:  # pragma: no cover - depends on the machine
         return torch.cuda.nvtx.range(name)
 
 
+@dataclass
+class CompileTally:
+    """What Triton's compiler did inside a ``triton_compiles()`` block: kernels compiled (cache
+    misses) and the seconds that took, kernels loaded from its on-disk cache."""
+
+    compiled: int = 0
+    compile_s: float = 0.0
+    loaded: int = 0
+
+
+@contextlib.contextmanager
+def triton_compiles():
+    """Count Triton's compilations inside the block (its compilation listener, Triton >= 3.4): a
+    first call's time is mostly compiling on an empty cache, and this tells how much. Yields a
+    ``CompileTally``; the listener that was set before is restored (and still called)."""
+    from triton import knobs
+
+    tally, previous = CompileTally(), knobs.compilation.listener
+
+    def listen(*, src, metadata, metadata_group, times, cache_hit):
+        if cache_hit:
+            tally.loaded += 1
+        else:
+            tally.compiled += 1
+            tally.compile_s += times.total / 1e6
+        if previous is not None:
+            previous(
+                src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit
+            )
+
+    knobs.compilation.listener = listen
+    try:
+        yield tally
+    finally:
+        knobs.compilation.listener = previous
+
+
 def nvtx_range(name: str):
     """An NVTX range visible in Nsight Systems; a no-op without a GPU."""
     return _nvtx_context(name) if ON_GPU else contextlib.nullcontext()

@@ -13,8 +13,9 @@ output:
   kernel's configs) and ``tunings`` (what was timed: per kernel and key, the pick and every
   candidate's median ms; empty unless something was tuned);
 - ``--model SHAPE``: the TransformerNP with our kernels (two-pass attention, staged fused MLP,
-  grouped heads, GMM loss) under bf16 autocast: ``first_step_s`` and ``steady_ms`` (the median of
-  ``--steps`` steps after two warm-up steps), and the picks; with ``--profile``, instead,
+  grouped heads, GMM loss) under bf16 autocast: ``first_step_s`` (and of it Triton's compiling:
+  ``first_step_compile_s``, kernels compiled and loaded from its cache) and ``steady_ms`` (the
+  median of ``--steps`` steps after two warm-up steps), and the picks; with ``--profile``, instead,
   ``first_step_profile``: the first step's top functions under cProfile.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from common.timing import triton_compiles
 from tritonlab import tuning_tables, tuning_workloads
 
 
@@ -101,13 +103,17 @@ def probe_model(shape_name: str, steps: int, profile: bool = False) -> dict:
 
     if profile:  # the first step under cProfile: where it goes, not how long it takes
         return {"first_step_profile": profiled(step)}
-    first = _seconds(step)
+    with triton_compiles() as compiles:
+        first = _seconds(step)
     for _ in range(2):
         step()
     times = sorted(_seconds(step) * 1e3 for _ in range(steps))
     tuning_workloads.import_kernels()
     return {
         "first_step_s": first,
+        "first_step_compile_s": compiles.compile_s,
+        "first_step_kernels_compiled": compiles.compiled,
+        "first_step_kernels_loaded": compiles.loaded,
         "steady_ms": times[len(times) // 2],
         "picks": picks(list(tuning_tables.TUNER.kernels)),
     }

@@ -20,6 +20,7 @@ import torch
 from common import DEVICE, ON_GPU
 from common.device import autocast as device_autocast
 from common.device import synchronize as sync
+from common.timing import triton_compiles
 from tritonlab import autoselect
 from tritonlab.models import LM_SIZES, LMConfig, TransformerLM, our_components, param_count, random_batch
 from tritonlab.models import torch_components as lm_torch_components
@@ -123,11 +124,14 @@ def run_size(plan: Plan, write: Callable[[dict], dict], timer: Callable | None =
         model = build(plan, "autoselect")
         for variant in ("select-cold", "select-cached"):
             try:
-                chosen = select_for(model, plan, data, cache, timer)
+                with triton_compiles() as compiles:  # on an empty Triton cache, the first compiles
+                    chosen = select_for(model, plan, data, cache, timer)
                 selection = chosen if selection is None else selection
                 n_triton = sum(c.choice == "triton" for c in chosen.choices.values())
                 write({**base, "variant": variant, "startup_s": chosen.startup_s,
-                       "ops_selected": len(chosen.choices), "ops_triton": n_triton})  # fmt: skip
+                       "ops_selected": len(chosen.choices), "ops_triton": n_triton,
+                       "compile_s": compiles.compile_s, "kernels_compiled": compiles.compiled,
+                       "kernels_loaded": compiles.loaded})  # fmt: skip
             except Exception as err:
                 write({**base, "variant": variant, **failure(err)})
         if selection is not None:

@@ -1,6 +1,11 @@
 """Timing on the CPU: medians and quantiles are ordered, stages are all recorded."""
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +57,41 @@ def test_head_start_keeps_a_host_stall_out_of_the_gpu_time():
     ahead = bench(call, warmup_ms=5, rep_ms=60, flush_l2=False, head_start_ms=5.0)
     assert plain.ms > 1.5
     assert ahead.ms < 0.5 * plain.ms
+
+
+_COMPILE_TWICE = r"""
+import json, sys
+import triton
+import triton.language as tl
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from common.timing import triton_compiles
+
+@triton.jit
+def store_range(X, N: tl.constexpr):
+    tl.store(X + tl.arange(0, N), tl.arange(0, N))
+
+source = ASTSource(store_range, signature={"X": "*fp32", "N": "constexpr"}, constexprs={"N": 16})
+heard = []
+knobs.compilation.listener = lambda **kw: heard.append(kw["cache_hit"])
+with triton_compiles() as tally:
+    triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    triton.compile(source, target=GPUTarget("cuda", 90, 32))
+print(json.dumps({"compiled": tally.compiled, "loaded": tally.loaded, "compile_s": tally.compile_s,
+                  "heard": heard, "restored": knobs.compilation.listener.__name__}))
+"""
+
+
+def test_triton_compiles_counts_compilations_and_cache_loads(tmp_path):
+    # In a fresh process without the interpreter (whose patching of triton.language would leak into
+    # a compile here); compiling for sm_90 needs no GPU, and the second compile loads from the cache.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    script = tmp_path / "compile_twice.py"  # Triton reads a kernel's source from its file
+    script.write_text(_COMPILE_TWICE)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (got["compiled"], got["loaded"]) == (1, 1) and got["compile_s"] > 0
+    # The listener set before still hears every compile, and is set again afterwards.
+    assert got["heard"] == [False, True] and got["restored"] == "<lambda>"

@@ -197,7 +197,9 @@ def test_the_startup_cell_compiles_once_then_restarts_on_that_cache(monkeypatch,
         if "--profile" in what:
             return {"first_step_profile": [["jit.py:600(run)", 0.9, 0.01, 40], ["x.py:1(f)", 0.2, 0.2, 1]]}
         first = {0: 12.0, 1: 0.2, 3: 40.0}[len(calls) - 1]
-        return {"first_step_s": first, "steady_ms": 100.0, "picks": {"k": "c"}}
+        compiled = {0: 9, 1: 0, 3: 30}[len(calls) - 1]
+        return {"first_step_s": first, "steady_ms": 100.0, "picks": {"k": "c"}, "first_step_compile_s": compiled / 1.5,
+                "first_step_kernels_compiled": compiled, "first_step_kernels_loaded": 9 - min(compiled, 9)}  # fmt: skip
 
     monkeypatch.setattr(bench, "_probe", probe)
     row = bench.startup_cell("mid", tmp_path).run()
@@ -213,6 +215,8 @@ def test_the_startup_cell_compiles_once_then_restarts_on_that_cache(monkeypatch,
     )  # restarts reuse the first's cache
     assert row["first_step_s_table_cold"] == 12.0 and row["first_step_s_table_warm"] == 0.2
     assert row["first_vs_steady_table_warm"] == pytest.approx(2.0) and row["first_vs_steady_full"] == 400.0
+    assert row["compile_s_table_cold"] == 6.0 and row["kernels_loaded_table_warm"] == 9
+    assert row["compile_s_full"] == 20.0 and row["kernels_compiled_table_warm"] == 0
     assert (
         row["first_step_profile_table_warm"]
         == "jit.py:600(run) 0.900s (40 calls); x.py:1(f) 0.200s (1 calls)"

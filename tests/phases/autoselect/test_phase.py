@@ -81,3 +81,24 @@ def test_the_report_keeps_each_sizes_newest_run(tmp_path):
     text = report.render(rows, Figures("autoselect", tmp_path, "H100"))
     assert "## small" in text and "## medium" in text  # a size run on its own hides no other
     assert {v.cell.split(":")[0] for v in report.headline(rows)} == {"small", "medium"}
+
+
+def test_the_cold_selection_is_also_judged_without_tritons_first_compiles(tmp_path):
+    import pandas as pd
+
+    from common.report import Figures
+
+    base = {"gpu": "H100", "shape": "seed", "dtype": "bf16", "status": "ok", "error": "",
+            "utc": "2026-11-26T10:00:00Z", "run_group": "g1"}  # fmt: skip
+    rows = pd.DataFrame([
+        {**base, "variant": "select-cold", "startup_s": 12.0, "compile_s": 10.5, "kernels_compiled": 9,
+         "kernels_loaded": 0, "ops_selected": 5, "ops_triton": 1},
+        {**base, "variant": "select-cached", "startup_s": 0.01, "ops_selected": 5, "ops_triton": 1},
+    ])  # fmt: skip
+    report = phase_module("autoselect", "report")
+    verdicts = {v.cell: v for v in report.headline(rows)}
+    assert verdicts["seed: cold selection < 3 s"].verdict().startswith("missed")
+    own = verdicts["seed: cold selection < 3 s, less Triton's first compiles"]
+    assert own.ratio == pytest.approx(3.0 / 1.5) and own.verdict() == "met"
+    text = report.render(rows, Figures("autoselect", tmp_path, "H100"))
+    assert "compile_s" in text and "kernels_compiled" in text
