@@ -122,16 +122,19 @@ def verdict_run(
     return max(newest_first, key=lambda g: len(per_run[g]))  # the fullest, newest among equals
 
 
-def select_verdict_runs(df: pd.DataFrame, keys: list[str], ours: list[str]) -> pd.DataFrame:
+def select_verdict_runs(
+    df: pd.DataFrame, keys: list[str], ours: list[str], metric: str = "ms"
+) -> pd.DataFrame:
     """For every GPU and cell (``keys``), the rows of the run ``verdict_run`` picks (every variant not
-    in ``ours`` a baseline, by ``ms``); the newest run where none has ok rows of ours."""
+    in ``ours`` a baseline, by ``metric``, lower is better); the newest run where none has ok rows of
+    ours."""
     if df.empty:
         return df
     parts = []
     for _, cell in df.groupby(["gpu", *keys], dropna=False, sort=False):
         cell_ok = cell.loc[cell["status"] == "ok"]
         baselines = sorted(set(cell_ok["variant"]) - set(ours))
-        group = verdict_run(cell_ok, ours, baselines, "ms")
+        group = verdict_run(cell_ok, ours, baselines, metric)
         if group is None:
             group = cell.sort_values("utc")["run_group"].iloc[-1]
         parts.append(cell.loc[cell["run_group"] == group])

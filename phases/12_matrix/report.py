@@ -16,8 +16,7 @@ from common.report import (  # noqa: E402
     failures_table,
     markdown_table,
     ok_table,
-    select_latest,
-    verdict_run,
+    select_verdict_runs,
     write_atomically,
 )
 
@@ -36,26 +35,13 @@ TABLE = ["shape", "batch", "dtype", "variant", "step_ms", "step_p20_ms", "step_p
 
 def _prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Per GPU, shape and dtype, the rows of one run (measured side by side): the newest that lacks
-    no baseline known to beat the ones it has (``verdict_run``), so that a run of a few variants (a
-    loss check) does not hide a complete one; the newest run where no run has a custom variant."""
+    no baseline known to beat the ones it has (``select_verdict_runs``), so that a run of a few
+    variants (a loss check) does not hide a complete one."""
     if df.empty or "base_variant" not in df:
         return pd.DataFrame()
-    parts = []
-    for _, part in select_latest(df, ["shape", "dtype"]).groupby(["gpu", "shape", "dtype"], dropna=False):
-        cell = df.loc[(df["gpu"] == part["gpu"].iloc[0]) & (df["shape"] == part["shape"].iloc[0])
-                      & (df["dtype"] == part["dtype"].iloc[0])]  # fmt: skip
-        ok = cell.loc[cell["status"] == "ok"].assign(
-            step_ms=lambda d: pd.to_numeric(d["step_ms"], errors="coerce")
-        )
-        is_base = ok["base_variant"].isin(BASELINES)
-        run = verdict_run(
-            ok,
-            list(ok.loc[~is_base, "variant"].unique()),
-            list(ok.loc[is_base, "variant"].unique()),
-            "step_ms",
-        )
-        parts.append(part if run is None else cell.loc[cell["run_group"] == run])
-    keep = pd.concat(parts)
+    df = df.assign(step_ms=pd.to_numeric(df["step_ms"], errors="coerce"))
+    custom = sorted(set(df.loc[~df["base_variant"].isin(BASELINES), "variant"]))
+    keep = select_verdict_runs(df, ["shape", "dtype"], ours=custom, metric="step_ms")
     return _speedups(keep.assign(order=keep["shape"].map(SHAPE_ORDER).fillna(9)))
 
 
