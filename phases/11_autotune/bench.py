@@ -270,9 +270,9 @@ def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
             "first_vs_steady_table_warm": warm["first_step_s"] * 1e3 / warm["steady_ms"],
             "first_vs_steady_full": full["first_step_s"] * 1e3 / full["steady_ms"],
             **{
-                f"{what}_{case}": probe.get(f"first_step_{what}")
+                f"{field}_{case}": probe.get(f"first_step_{field}")
                 for case, probe in (("table_cold", cold), ("table_warm", warm), ("full", full))
-                for what in ("compile_s", "kernels_compiled", "kernels_loaded")
+                for field in ("compile_s", "kernels_compiled", "kernels_loaded")
             },
             "picks_table": _pick_text(warm["picks"]),
             # Where a restart's first step goes (a fourth process, the warm cache, under cProfile).

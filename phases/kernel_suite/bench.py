@@ -146,9 +146,7 @@ def cross_entropy_eager(logits, target, ignore_index=-100):
     return F.cross_entropy(logits.float(), target, ignore_index=ignore_index)
 
 
-def cross_entropy_options_eager(
-    logits, target, ignore_index=-100, options=CE_OPTION_SETS["cross_entropy_options"]
-):
+def cross_entropy_options_eager(logits, target, ignore_index=-100, *, options: dict):
     """The options in PyTorch, as a model writes them: softcap, then F.cross_entropy with label
     smoothing, plus the z-loss averaged over the counted tokens."""
     z = logits.float()
@@ -164,9 +162,7 @@ def cross_entropy_options_eager(
     return loss
 
 
-def cross_entropy_options_ours(
-    logits, target, check_targets=True, options=CE_OPTION_SETS["cross_entropy_options"]
-):
+def cross_entropy_options_ours(logits, target, check_targets=True, *, options: dict):
     return cross_entropy(logits, target, **options, check_targets=check_targets)
 
 
