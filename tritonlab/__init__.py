@@ -13,6 +13,13 @@ kernels on CPU tensors (slowly, for tests and smoke runs): set ``TRITON_INTERPRE
 environment *before* ``tritonlab`` (or anything else that defines Triton kernels) is imported,
 as the lab's entry points do (``python -m phases`` and the tests' conftest). Importing tritonlab
 never changes the environment.
+
+``tritonlab.preload()`` starts, in a background thread, what Triton does once per process before
+its first launch (about half a second on an H100 host); call it early in a training script, before
+building the model. ``tritonlab.models.build`` calls it for a CUDA model.
 """
 
+from ._runtime import preload
+
 __version__ = "0.1.0"
+__all__ = ["preload"]

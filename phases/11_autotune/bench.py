@@ -249,7 +249,8 @@ def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
     the table with every kernel compiled from scratch (``table_cold``), the table again on the first's
     cache (``table_warm``: a restart, nothing left to compile or tune), and a full tune (``full``:
     what the first run costs without a table). Compilation is not tuning; the split shows which is
-    which."""
+    which. A fifth process times the same model on PyTorch's components with SDPA cuDNN (``sdpa``,
+    the warm cache): the first step a user of the baseline pays."""
 
     def run():
         what = ["--model", shape, "--steps", str(steps)]
@@ -260,6 +261,7 @@ def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
                 "table", [*what, "--profile"], table_dir, timeout=1800, cache_dir=Path(table_cache)
             )
             full = _probe("full", what, table_dir, timeout=1800, cache_dir=Path(full_cache))
+            sdpa = _probe("table", [*what, "--sdpa"], table_dir, timeout=1800, cache_dir=Path(table_cache))
         return {
             "first_step_s_table_cold": cold["first_step_s"],
             "first_step_s_table_warm": warm["first_step_s"],
@@ -269,6 +271,11 @@ def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
             "first_vs_steady_table_cold": cold["first_step_s"] * 1e3 / cold["steady_ms"],
             "first_vs_steady_table_warm": warm["first_step_s"] * 1e3 / warm["steady_ms"],
             "first_vs_steady_full": full["first_step_s"] * 1e3 / full["steady_ms"],
+            # The baseline's own first step: PyTorch pays its first-use costs too (cuBLAS handles,
+            # lazily loaded kernels, the autograd engine's threads).
+            "first_step_s_sdpa": sdpa["first_step_s"],
+            "steady_ms_sdpa": sdpa["steady_ms"],
+            "first_vs_steady_sdpa": sdpa["first_step_s"] * 1e3 / sdpa["steady_ms"],
             **{
                 f"{field}_{case}": probe.get(f"first_step_{field}")
                 for case, probe in (("table_cold", cold), ("table_warm", warm), ("full", full))

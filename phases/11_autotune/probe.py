@@ -16,7 +16,8 @@ output:
   grouped heads, GMM loss) under bf16 autocast: ``first_step_s`` (and of it Triton's compiling:
   ``first_step_compile_s``, kernels compiled and loaded from its cache) and ``steady_ms`` (the
   median of ``--steps`` steps after two warm-up steps), and the picks; with ``--profile``, instead,
-  ``first_step_profile``: the first step's top functions under cProfile.
+  ``first_step_profile``: the first step's top functions under cProfile; with ``--sdpa``, the same
+  model on PyTorch's components with SDPA cuDNN attention (the baseline's own first step).
 """
 
 import argparse
@@ -86,15 +87,26 @@ def profiled(fn, top: int = 15) -> list[list]:
     ]
 
 
-def probe_model(shape_name: str, steps: int, profile: bool = False) -> dict:
+def probe_model(shape_name: str, steps: int, profile: bool = False, sdpa: bool = False) -> dict:
     from tritonlab.attention import attention
     from tritonlab.gmm import gmm_nll
     from tritonlab.grouped_gemm import gmm_heads
     from tritonlab.mlp import fused_mlp
-    from tritonlab.models import SHAPES, Components, TNPConfig, build, sample_tasks, train_step
+    from tritonlab.models import (
+        SHAPES,
+        Components,
+        TNPConfig,
+        build,
+        sample_tasks,
+        sdpa_attention,
+        train_step,
+    )
 
     shape = SHAPES[shape_name]
-    components = Components(attention=attention, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
+    if sdpa:
+        components = Components(attention=sdpa_attention("cudnn"))
+    else:
+        components = Components(attention=attention, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
     model, optimizer = build(TNPConfig(), components, device="cuda")
     tasks = sample_tasks(shape.batch, shape.m_context, shape.n_target, device="cuda")
 
@@ -134,14 +146,21 @@ def main(argv=None) -> None:
         action="store_true",
         help="with --model: profile the first step (cProfile) instead of timing",
     )
+    parser.add_argument(
+        "--sdpa",
+        action="store_true",
+        help="with --model: PyTorch's components and SDPA cuDNN instead of ours",
+    )
     args = parser.parse_args(argv)
     os.environ[tuning_tables.ENV_VAR] = args.mode
     if args.tables:
         tuning_tables.TUNER.table_dir = Path(args.tables)
-    if args.profile and not args.model:
-        parser.error("--profile: only with --model")
+    if (args.profile or args.sdpa) and not args.model:
+        parser.error("--profile, --sdpa: only with --model")
     result = (
-        probe_workload(args.workload) if args.workload else probe_model(args.model, args.steps, args.profile)
+        probe_workload(args.workload)
+        if args.workload
+        else probe_model(args.model, args.steps, args.profile, args.sdpa)
     )
     print(json.dumps({"mode": args.mode, **result}))
 

@@ -21,7 +21,8 @@ COMPARE = ["function", "shape", "ms_table", "ms_full", "ms_full_min", "ms_full_m
 STARTUP = ["shape", "first_step_s_table_cold", "first_step_s_table_warm", "first_step_s_table", "first_step_s_full",
            "steady_ms", "steady_ms_full", "first_vs_steady_table_cold", "first_vs_steady_table_warm",
            "first_vs_steady_table", "first_vs_steady_full", "compile_s_table_cold", "compile_s_table_warm",
-           "compile_s_full", "kernels_compiled_table_cold", "kernels_loaded_table_warm"]  # fmt: skip
+           "compile_s_full", "kernels_compiled_table_cold", "kernels_loaded_table_warm", "first_step_s_sdpa",
+           "steady_ms_sdpa", "first_vs_steady_sdpa"]  # fmt: skip
 STARTUP_CASES = {  # first-step column -> how the headline cell names it
     "first_step_s_table_warm": "compiled kernels on disk",
     "first_step_s_table_cold": "compiling every kernel",
@@ -123,7 +124,11 @@ def render(df: pd.DataFrame, fig) -> str:
             "`table_cold`: the table, every kernel compiled from an empty Triton cache; `table_warm`: the "
             "table again on that cache (a restart); `full`: a full tune from an empty cache, what the "
             "first run costs without the table. Compiling is not tuning: the table removes only the "
-            "second; `compile_s_*` is the first step's Triton compiling. Older rows have "
+            "second; `compile_s_*` is the first step's Triton compiling. `*_sdpa`: the same model on "
+            "PyTorch's components with SDPA cuDNN, a fresh process too -- the first step the baseline's "
+            "users pay (cuBLAS handles, lazily loaded kernels, the autograd engine's threads); "
+            "`tritonlab.models.build` starts `tritonlab.preload()`, so Triton's own once-per-process "
+            "start-up overlaps the model's construction (older rows: without it). Older rows have "
             "`first_step_s_table` only, with the cache as the run found it.\n",
             markdown_table(startup, [c for c in STARTUP if c in startup]),
         ]

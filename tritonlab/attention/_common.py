@@ -150,11 +150,17 @@ def exp2_split_reference(x: torch.Tensor) -> torch.Tensor:
 def exp2_tile(x, EXP2_SPLIT: tl.constexpr):
     """exp2 of an fp32 tile; with EXP2_SPLIT = k > 0, one element in k on the FMA units (above)."""
     if EXP2_SPLIT == 2:
-        return tl.inline_asm_elementwise(_EXP2_ASM_2, _EXP2_CON_2, [x], dtype=tl.float32, is_pure=True, pack=2)
+        return tl.inline_asm_elementwise(
+            _EXP2_ASM_2, _EXP2_CON_2, [x], dtype=tl.float32, is_pure=True, pack=2
+        )
     elif EXP2_SPLIT == 4:
-        return tl.inline_asm_elementwise(_EXP2_ASM_4, _EXP2_CON_4, [x], dtype=tl.float32, is_pure=True, pack=4)
+        return tl.inline_asm_elementwise(
+            _EXP2_ASM_4, _EXP2_CON_4, [x], dtype=tl.float32, is_pure=True, pack=4
+        )
     elif EXP2_SPLIT == 8:
-        return tl.inline_asm_elementwise(_EXP2_ASM_8, _EXP2_CON_8, [x], dtype=tl.float32, is_pure=True, pack=8)
+        return tl.inline_asm_elementwise(
+            _EXP2_ASM_8, _EXP2_CON_8, [x], dtype=tl.float32, is_pure=True, pack=8
+        )
     else:
         return tl.math.exp2(x)
 

@@ -4,6 +4,7 @@ import contextlib
 
 import torch
 
+from .._runtime import preload
 from .data import Tasks, sample_tasks
 from .shapes import TNPShape
 from .tnp import Components, TNPConfig, TransformerNP
@@ -25,6 +26,8 @@ def build(
     ``checkpoint`` is the model's activation checkpointing (``TransformerNP``'s argument)."""
     torch.manual_seed(seed)
     device = torch.device(device or default_device())
+    if device.type == "cuda":
+        preload()  # Triton's once-per-process start-up, beside the model's construction
     model = TransformerNP(cfg, components, checkpoint).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=device.type == "cuda")
     return model, optimizer

@@ -193,30 +193,27 @@ def test_the_startup_cell_compiles_once_then_restarts_on_that_cache(monkeypatch,
     calls = []
 
     def probe(mode, what, table_dir, timeout=900, cache_dir=None):
-        calls.append((mode, cache_dir, "--profile" in what))
+        calls.append((mode, cache_dir, "--profile" in what, "--sdpa" in what))
         if "--profile" in what:
             return {"first_step_profile": [["jit.py:600(run)", 0.9, 0.01, 40], ["x.py:1(f)", 0.2, 0.2, 1]]}
-        first = {0: 12.0, 1: 0.2, 3: 40.0}[len(calls) - 1]
-        compiled = {0: 9, 1: 0, 3: 30}[len(calls) - 1]
+        first = {0: 12.0, 1: 0.2, 3: 40.0, 4: 0.5}[len(calls) - 1]
+        compiled = {0: 9, 1: 0, 3: 30, 4: 0}[len(calls) - 1]
         return {"first_step_s": first, "steady_ms": 100.0, "picks": {"k": "c"}, "first_step_compile_s": compiled / 1.5,
                 "first_step_kernels_compiled": compiled, "first_step_kernels_loaded": 9 - min(compiled, 9)}  # fmt: skip
 
     monkeypatch.setattr(bench, "_probe", probe)
     row = bench.startup_cell("mid", tmp_path).run()
-    (m1, c1, p1), (m2, c2, p2), (m3, c3, p3), (m4, c4, p4) = calls
-    assert (m1, m2, m3, m4) == ("table", "table", "table", "full") and (p1, p2, p3, p4) == (
-        False,
-        False,
-        True,
-        False,
-    )
-    assert (
-        c1 == c2 == c3 and c4 != c1 and c1 is not None and c4 is not None
-    )  # restarts reuse the first's cache
+    modes, caches, profiled, sdpa = zip(*calls, strict=True)
+    assert modes == ("table", "table", "table", "full", "table")
+    assert profiled == (False, False, True, False, False) and sdpa == (False, False, False, False, True)
+    # restarts (and the baseline) reuse the first's cache; the full tune has its own
+    assert caches[0] == caches[1] == caches[2] == caches[4] and caches[3] != caches[0]
+    assert caches[0] is not None and caches[3] is not None
     assert row["first_step_s_table_cold"] == 12.0 and row["first_step_s_table_warm"] == 0.2
     assert row["first_vs_steady_table_warm"] == pytest.approx(2.0) and row["first_vs_steady_full"] == 400.0
     assert row["compile_s_table_cold"] == 6.0 and row["kernels_loaded_table_warm"] == 9
     assert row["compile_s_full"] == 20.0 and row["kernels_compiled_table_warm"] == 0
+    assert row["first_step_s_sdpa"] == 0.5 and row["first_vs_steady_sdpa"] == pytest.approx(5.0)
     assert (
         row["first_step_profile_table_warm"]
         == "jit.py:600(run) 0.900s (40 calls); x.py:1(f) 0.200s (1 calls)"
