@@ -5,13 +5,11 @@ Private to the package: the public names live in ``tritonlab.attention``.
 """
 
 import math
-import struct
 
 import torch
 import triton
 import triton.language as tl
 
-from .._runtime import INTERPRET
 from ..checks import FLOAT_DTYPES, check_tensor
 from ..tuning import dot_precision, fits_shared_memory
 
@@ -74,111 +72,20 @@ def strides4(t: torch.Tensor) -> tuple:
     return tuple(t.stride())
 
 
-# --- exp2 with part of the elements on the FMA units --------------------------------------------
-#
-# At D = 64 a forward tile's exponentials take as long on the special-function unit (16 a cycle per
-# SM) as its two products on the tensor cores, and the loop issues one after the other. The FMA
-# units (128 a cycle) are mostly idle meanwhile, so one element in every EXP2_SPLIT is computed
-# there instead, as FlashAttention-4 does on Blackwell:
-#   x = n + f,  n = round(x),  f in [-1/2, 1/2];   2^x = 2^n · p(f),
-# p the degree-3 polynomial closest to 2^f in relative error (7.5e-5, fitted for this module; bf16
-# and fp16 round P to 2^-9 and 2^-11), and 2^n added to p's exponent bits. n comes from the bits of
-# x + 1.5·2^23, whose low mantissa bits hold round(x) in two's complement. x is clamped to -126
-# first, so 2^n · p never leaves the exponent range (-inf scores give 2^-126 · p ≈ 1e-38, not 0;
-# only the unmasked loops use it). Three fadds, three FMAs, a max, a shift and an integer add on the
-# FMA and ALU pipes, against one special-function op.
-EXP2_POLY = (0.9999281167984009, 0.6932609677314758, 0.24261054396629333, 0.05517132207751274)
-EXP2_SPLITS = (0, 2, 4, 8)  # 0: every element on the special-function unit
-
-
-def _f32(x: float) -> str:
-    return "0f" + struct.pack(">f", x).hex().upper()
-
-
-def _exp2_split_asm(pack: int) -> str:
-    """PTX for ``pack`` fp32 elements: ex2.approx for all but the last, the polynomial for the last."""
-    out, x = "$" + str(pack - 1), "$" + str(2 * pack - 1)
-    c0, c1, c2, c3 = (_f32(c) for c in EXP2_POLY)
-    lines = [f"ex2.approx.ftz.f32 ${i}, ${pack + i};" for i in range(pack - 1)]
-    lines += [
-        "{",
-        ".reg .b32 t, r, f, p;",
-        f"max.ftz.f32 t, {x}, {_f32(-126.0)};",
-        f"add.rn.ftz.f32 r, t, {_f32(1.5 * 2**23)};",
-        f"sub.rn.ftz.f32 f, r, {_f32(1.5 * 2**23)};",
-        "sub.rn.ftz.f32 f, t, f;",
-        f"fma.rn.ftz.f32 p, f, {c3}, {c2};",
-        f"fma.rn.ftz.f32 p, p, f, {c1};",
-        f"fma.rn.ftz.f32 p, p, f, {c0};",
-        "shl.b32 r, r, 23;",
-        f"add.s32 {out}, p, r;",
-        "}",
-    ]
-    return "\n".join(lines)
-
-
-def _exp2_constraints(pack: int) -> str:
-    return ",".join(["=r"] * pack + ["r"] * pack)
-
-
-_EXP2_ASM_2 = tl.constexpr(_exp2_split_asm(2))
-_EXP2_ASM_4 = tl.constexpr(_exp2_split_asm(4))
-_EXP2_ASM_8 = tl.constexpr(_exp2_split_asm(8))
-_EXP2_CON_2 = tl.constexpr(_exp2_constraints(2))
-_EXP2_CON_4 = tl.constexpr(_exp2_constraints(4))
-_EXP2_CON_8 = tl.constexpr(_exp2_constraints(8))
-
-
-def exp2_split(dtype: torch.dtype) -> int:
-    """EXP2_SPLIT for a forward over ``dtype`` inputs: 16-bit P on a GPU takes the polynomial's
-    error; float32 (and the interpreter, which runs no PTX) keeps every exp2 exact."""
-    return 0 if INTERPRET or dtype.itemsize == 4 else 4
-
-
-def exp2_split_reference(x: torch.Tensor) -> torch.Tensor:
-    """What the polynomial path computes, in float32 torch ops (the CPU tests' check of the method
-    and its constants; the PTX itself runs only on a GPU)."""
-    t = x.float().clamp_min(-126.0)
-    r = (t + 1.5 * 2**23) - 1.5 * 2**23
-    f = t - r
-    c0, c1, c2, c3 = EXP2_POLY
-    p = ((c3 * f + c2) * f + c1) * f + c0
-    return torch.ldexp(p, r.to(torch.int32))
-
-
-@triton.jit
-def exp2_tile(x, EXP2_SPLIT: tl.constexpr):
-    """exp2 of an fp32 tile; with EXP2_SPLIT = k > 0, one element in k on the FMA units (above)."""
-    if EXP2_SPLIT == 2:
-        return tl.inline_asm_elementwise(
-            _EXP2_ASM_2, _EXP2_CON_2, [x], dtype=tl.float32, is_pure=True, pack=2
-        )
-    elif EXP2_SPLIT == 4:
-        return tl.inline_asm_elementwise(
-            _EXP2_ASM_4, _EXP2_CON_4, [x], dtype=tl.float32, is_pure=True, pack=4
-        )
-    elif EXP2_SPLIT == 8:
-        return tl.inline_asm_elementwise(
-            _EXP2_ASM_8, _EXP2_CON_8, [x], dtype=tl.float32, is_pure=True, pack=8
-        )
-    else:
-        return tl.math.exp2(x)
-
-
 # --- the online-softmax tile, shared by both forwards --------------------------------------------
 
 
 @triton.jit
-def online_softmax_tile(acc, m_i, l_i, s, v, qk_scale, DOT_PRECISION: tl.constexpr, EXP2_SPLIT: tl.constexpr):
+def online_softmax_tile(acc, m_i, l_i, s, v, qk_scale, DOT_PRECISION: tl.constexpr):
     """Fold one tile of raw scores ``s`` (masked to -inf where a key does not count) and its V tile
     into a query block's running (acc, m, l); m and l live in base 2 (scores times qk_scale).
 
     The row maximum is taken on the raw scores and scaled once per row (qk_scale > 0), so each score
     costs one fused multiply-add (scale, subtract max) before its exp2; P·V accumulates into acc
-    inside the dot. ``EXP2_SPLIT`` as ``exp2_tile``'s: pass 0 for a tile with masked (-inf) scores.
+    inside the dot.
     """
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    p = exp2_tile(s * qk_scale - m_new[:, None], EXP2_SPLIT)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)  # rescales what earlier tiles accumulated
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)

@@ -50,7 +50,7 @@ from .._launch import tma_ok, use_descriptor_scratch
 from .._runtime import INTERPRET
 from ..tuning import dot_precision
 from ..tuning_tables import TUNER, dtype_name, gpu_slug
-from ._common import HEAD_DIMS, LOG2E, backward_delta, check_qkv, exp2_split, fits, online_softmax_tile
+from ._common import HEAD_DIMS, LOG2E, backward_delta, check_qkv, fits, online_softmax_tile
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOADERS = ("auto", "tma", "blockptr")
@@ -226,7 +226,6 @@ def _key_range(start_m, n_keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CA
 def _fwd_key_loop(
     acc, m_i, l_i, q, k_in, v_in, start_n, end_n, offs_m, qk_scale, n_keys, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    EXP2_SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Fold key tiles [start_n, end_n) into the running (acc, m, l) of one query tile.
 
@@ -254,9 +253,7 @@ def _fwd_key_loop(
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
             s = tl.where(keep, s, float("-inf"))
-        acc, m_i, l_i = online_softmax_tile(
-            acc, m_i, l_i, s, v, qk_scale, DOT_PRECISION, 0 if MASKED else EXP2_SPLIT
-        )
+        acc, m_i, l_i = online_softmax_tile(acc, m_i, l_i, s, v, qk_scale, DOT_PRECISION)
         if not USE_TMA:
             k_in = tl.advance(k_in, (0, BLOCK_N))
             v_in = tl.advance(v_in, (BLOCK_N, 0))
@@ -270,7 +267,7 @@ def _fwd_kernel(
     stride_ob, stride_om, stride_od,
     n_queries, n_keys, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    EVEN_M: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, EXP2_SPLIT: tl.constexpr,
+    EVEN_M: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     # A 1-D grid of num_m query tiles x batch. Programs start roughly in index order, so causal
     # runs the last query tile of every batch (the most keys) first, then the one before, and the
@@ -312,9 +309,9 @@ def _fwd_kernel(
     # Whole tiles below the diagonal with no mask, then the diagonal or ragged tiles, masked.
     full_n, end_n = _key_range(start_m, n_keys, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i = _fwd_key_loop(acc, m_i, l_i, q, k_in, v_in, 0, full_n, offs_m, qk_scale, n_keys, BLOCK_N,
-                                  False, CAUSAL, USE_TMA, DOT_PRECISION, EXP2_SPLIT)  # fmt: skip
+                                  False, CAUSAL, USE_TMA, DOT_PRECISION)  # fmt: skip
     acc, m_i, l_i = _fwd_key_loop(acc, m_i, l_i, q, k_in, v_in, full_n, end_n, offs_m, qk_scale, n_keys,
-                                  BLOCK_N, True, CAUSAL, USE_TMA, DOT_PRECISION, 0)  # fmt: skip
+                                  BLOCK_N, True, CAUSAL, USE_TMA, DOT_PRECISION)  # fmt: skip
 
     o = (acc / l_i[:, None]).to(O.dtype.element_ty)
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # times ln 2: back to natural log
@@ -539,7 +536,7 @@ def flash_forward(q, k, v, is_causal: bool, config: TileConfig | None = None, lo
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, sm_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=is_causal,
         EVEN_M=n_q % cfg.block_m == 0, USE_TMA=use_tma, DOT_PRECISION=dot_precision(q.dtype),
-        EXP2_SPLIT=exp2_split(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return o, lse
 

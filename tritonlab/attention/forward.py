@@ -38,7 +38,6 @@ from ._common import (
     LOG2E,
     check_qkv,
     config_string,
-    exp2_split,
     fits,
     online_softmax_tile,
     shape_bucket,
@@ -62,7 +61,6 @@ def _attn_fwd_kernel(
     LQ_BUCKET, LK_BUCKET, IMPL_CHOICE,  # autotuning keys only
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_BH: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    EXP2_SPLIT: tl.constexpr,
 ):  # fmt: skip
     # Program order: tl.swizzle2d groups GROUP_BH heads per column of query blocks, so the
     # programs resident at one time share few K/V streams in L2 (a knob; 1 measured as good as 4).
@@ -112,7 +110,7 @@ def _attn_fwd_kernel(
             kt_ptr = tl.advance(kt_ptr, (0, BLOCK_N))
             v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
-        acc, m_i, l_i = online_softmax_tile(acc, m_i, l_i, s, v, qk_scale, DOT_PRECISION, EXP2_SPLIT)
+        acc, m_i, l_i = online_softmax_tile(acc, m_i, l_i, s, v, qk_scale, DOT_PRECISION)
     # The tail: the one partial K tile, its missing rows read as zeros and masked to -inf.
     if n_full * BLOCK_N < Lk:
         if USE_TMA:
@@ -124,7 +122,7 @@ def _attn_fwd_kernel(
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
         cols = n_full * BLOCK_N + tl.arange(0, BLOCK_N)
         s = tl.where((cols < Lk)[None, :], s, float("-inf"))
-        acc, m_i, l_i = online_softmax_tile(acc, m_i, l_i, s, v, qk_scale, DOT_PRECISION, 0)
+        acc, m_i, l_i = online_softmax_tile(acc, m_i, l_i, s, v, qk_scale, DOT_PRECISION)
 
     acc = acc / l_i[:, None]
     # lse in natural log of the *scaled* scores: m and l live in base 2 (scores times log2 e).
@@ -226,7 +224,7 @@ def _tune(tensors: tuple, impl: str) -> tuple:
     q, k, v, o = tensors[:4]
     B, H, Lq, D = q.shape
     choice = _IMPL_CHOICE[impl] if tma_ok(q, k, v, o) else _IMPL_CHOICE["blockptr"]
-    meta = {"HEAD_DIM": D, "DOT_PRECISION": dot_precision(q.dtype), "EXP2_SPLIT": exp2_split(q.dtype)}
+    meta = {"HEAD_DIM": D, "DOT_PRECISION": dot_precision(q.dtype)}
     with quiet_compile_failures("attention forward"):
         return autotune_for_launch(
             tensors,
@@ -271,7 +269,6 @@ def _checked_forward(q, k, v, scale: float, impl: str = "auto", record: ConfigRe
             **_INTERPRETER_CONFIG,
             USE_TMA=use_tma,
             WARP_SPECIALIZE=False,
-            EXP2_SPLIT=0,
         )
         config = None
     if record is not None:

@@ -69,8 +69,6 @@ from ._common import (  # much the same list as backward.py's: a declaration, no
     LOG2E,
     check_qkv,
     config_string,
-    exp2_split,
-    exp2_tile,
     fits,
     load_rows,
     shape_bucket,
@@ -189,15 +187,12 @@ def _quantize_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 @triton.jit
-def _fp8_softmax_tile(
-    acc, m_i, l_i, v_unit, s, v8, score_scale, v_scale, EXACT_CAST: tl.constexpr, EXP2_SPLIT: tl.constexpr
-):
+def _fp8_softmax_tile(acc, m_i, l_i, v_unit, s, v8, score_scale, v_scale, EXACT_CAST: tl.constexpr):
     """Fold one tile of raw fp8-product scores ``s`` (-inf where a key does not count) and its V8 tile
     into (acc, m, l); ``score_scale`` = scale·log2(e)·s_q·s_k, so m and l live in base 2. ``acc`` is
-    in units of ``v_unit`` (the V scale of the tile before), and leaves in units of ``v_scale``.
-    ``EXP2_SPLIT`` as ``_common.exp2_tile``'s (0 for a masked tile)."""
+    in units of ``v_unit`` (the V scale of the tile before), and leaves in units of ``v_scale``."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * score_scale)
-    p = exp2_tile(s * score_scale - m_new[:, None], EXP2_SPLIT)
+    p = tl.math.exp2(s * score_scale - m_new[:, None])
     rescale = tl.math.exp2(m_i - m_new)  # what earlier tiles accumulated, under the new maximum
     l_i = l_i * rescale + tl.sum(p, 1)
     p8 = _to_e4m3(p * _E4M3_MAX, EXACT_CAST)  # P ≤ 1, so 448·P fits; ties of the max give exactly 448
@@ -213,7 +208,7 @@ def _fp8_fwd_kernel(
     H, Lq, Lk, Lk_pad, n_kv_blocks,
     LQ_BUCKET, LK_BUCKET,  # autotuning keys only
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_BLOCK: tl.constexpr,
-    USE_TMA: tl.constexpr, EXACT_CAST: tl.constexpr, EXP2_SPLIT: tl.constexpr,
+    USE_TMA: tl.constexpr, EXACT_CAST: tl.constexpr,
 ):  # fmt: skip
     # Consecutive programs take consecutive query blocks of one head: they stream the same K8, V8ᵀ.
     n_m = tl.cdiv(Lq, BLOCK_M)
@@ -261,9 +256,8 @@ def _fp8_fwd_kernel(
         block = scales + (j * BLOCK_N) // KV_BLOCK
         s = tl.dot(q8, k_t)
         acc, m_i, l_i, v_unit = _fp8_softmax_tile(
-            acc, m_i, l_i, v_unit, s, v8, row_scale * tl.load(KS + block), tl.load(VS + block), EXACT_CAST,
-            EXP2_SPLIT,
-        )  # fmt: skip
+            acc, m_i, l_i, v_unit, s, v8, row_scale * tl.load(KS + block), tl.load(VS + block), EXACT_CAST
+        )
     if n_full * BLOCK_N < Lk:
         if USE_TMA:
             k_t = tl.trans(k_desc.load([n_full * BLOCK_N, 0]))
@@ -275,7 +269,7 @@ def _fp8_fwd_kernel(
         cols = n_full * BLOCK_N + tl.arange(0, BLOCK_N)
         s = tl.where((cols < Lk)[None, :], tl.dot(q8, k_t), float("-inf"))
         acc, m_i, l_i, v_unit = _fp8_softmax_tile(
-            acc, m_i, l_i, v_unit, s, v8, row_scale * tl.load(KS + block), tl.load(VS + block), EXACT_CAST, 0
+            acc, m_i, l_i, v_unit, s, v8, row_scale * tl.load(KS + block), tl.load(VS + block), EXACT_CAST
         )
 
     acc = acc * (v_unit / _E4M3_MAX) / l_i[:, None]
@@ -353,7 +347,7 @@ def _shape_args(q, o, Lk: int, lk_pad: int, n_blocks: int) -> tuple:
 def _tune(tensors: tuple, shape_args: tuple) -> tuple:
     q = tensors[0]
     B, H, Lq, D = q.shape
-    meta = {"HEAD_DIM": D, "KV_BLOCK": KV_BLOCK, "EXACT_CAST": False, "EXP2_SPLIT": exp2_split(q.dtype)}
+    meta = {"HEAD_DIM": D, "KV_BLOCK": KV_BLOCK, "EXACT_CAST": False}
     with quiet_compile_failures("fp8 attention forward"):
         return autotune_for_launch(
             tensors, _fwd_autotuned, lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,), shape_args, meta
@@ -381,7 +375,7 @@ def _fp8_forward_tiled(q, k, v, scale: float, record: ConfigRecord | None = None
     else:
         grid = (triton.cdiv(Lq, _INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
         _fp8_fwd_kernel[grid](
-            *tensors, *shape_args, HEAD_DIM=D, KV_BLOCK=KV_BLOCK, EXACT_CAST=True, EXP2_SPLIT=0,
+            *tensors, *shape_args, HEAD_DIM=D, KV_BLOCK=KV_BLOCK, EXACT_CAST=True,
             **_INTERPRETER_CONFIG,
         )  # fmt: skip
         config = None

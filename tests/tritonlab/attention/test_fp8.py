@@ -339,7 +339,7 @@ for bm, bn, warps, stages, loader, dims in _SEARCH_SPACE:
         if [bm, bn, warps, stages, loader, d] not in wanted:
             continue
         consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, KV_BLOCK=KV_BLOCK, USE_TMA=loader == "tma",
-                      EXACT_CAST=False, EXP2_SPLIT=4)
+                      EXACT_CAST=False)
         sig = {n: "i32" for n in _fp8_fwd_kernel.arg_names}
         sig.update(Q="*bf16", K8="*fp8e4nv", V8T="*fp8e4nv", KS="*fp32", VS="*fp32", O="*bf16",
                    LSE="*fp32", qk_scale="fp32", **{c: "constexpr" for c in consts})
