@@ -35,7 +35,7 @@ from tritonlab.ops import (
     rope_cache,
     swiglu,
 )
-from tritonlab.ops.cross_entropy import CrossEntropyFunction, CrossEntropySettings
+from tritonlab.ops.cross_entropy import CrossEntropyFunction, CrossEntropyOptions, CrossEntropySettings
 from tritonlab.ops.rms_norm import RMSNormFunction, RMSNormSettings
 from tritonlab.testing import DTYPES, rel_err
 
@@ -572,7 +572,12 @@ def cells(kernels, variants, passes, sizes, dtype_name: str, bench_kw: dict) -> 
 # --------------------------------------------------------------------------------------- tuning
 # (block bytes, warps, programs per SM) and (warps per SM, stages): what the committed settings were
 # chosen from.
-CE_SETTINGS = [(65536, 32, 1.0), (131072, 32, 1.0), (65536, 16, 2.0), (32768, 16, 2.0), (32768, 32, 1.0)]
+# At 32 warps a thread has 64 registers: 64 KB blocks spill (82 bytes a thread for the plain loss, 272
+# with every option, sm_90 ptxas); 32 KB at 32 warps and 16 KB at 16 warps spill nothing.
+CE_SETTINGS = [
+    (65536, 32, 1.0), (131072, 32, 1.0), (65536, 16, 2.0), (32768, 16, 2.0), (32768, 32, 1.0),
+    (16384, 16, 2.0), (16384, 16, 4.0), (32768, 32, 2.0),
+]  # fmt: skip
 RMS_SETTINGS = [(16, 1), (32, 1), (16, 2), (32, 2), (16, 3), (32, 3)]
 TUNE_SIZES = {"cross_entropy": (16384, 128256), "rms_norm": (65536, 8192)}
 TUNE_SIZES_CPU = {"cross_entropy": (5, 700), "rms_norm": (33, 200)}
@@ -585,11 +590,13 @@ def tune_cells(dtype_name: str, bench_kw: dict) -> list[Cell]:
     sizes = TUNE_SIZES if ON_GPU else TUNE_SIZES_CPU
     out = []
     rows, vocab = sizes["cross_entropy"]
-    for block_bytes, warps, per_sm in CE_SETTINGS:
-        setting = CrossEntropySettings(block_bytes if ON_GPU else block_bytes // 64, warps, per_sm)
-        run = functools.partial(_tune_cross_entropy, rows, vocab, dtype, setting, bench_kw)
-        name = f"block_bytes={setting.block_bytes},warps={warps},programs_per_sm={per_sm}"
-        out.append(_tune_cell("cross_entropy", rows, vocab, "fwd+bwd", dtype_name, name, run))
+    for kernel in ("cross_entropy", "cross_entropy_options"):
+        for block_bytes, warps, per_sm in CE_SETTINGS:
+            setting = CrossEntropySettings(block_bytes if ON_GPU else block_bytes // 64, warps, per_sm)
+            options = CE_OPTION_SETS.get(kernel)
+            run = functools.partial(_tune_cross_entropy, rows, vocab, dtype, setting, bench_kw, options)
+            name = f"block_bytes={setting.block_bytes},warps={warps},programs_per_sm={per_sm}"
+            out.append(_tune_cell(kernel, rows, vocab, "fwd+bwd", dtype_name, name, run))
     rows, width = sizes["rms_norm"]
     for warps_per_sm, stages in RMS_SETTINGS:
         setting = RMSNormSettings(bwd_warps_per_sm=warps_per_sm, bwd_stages=stages)
@@ -604,17 +611,24 @@ def _tune_cell(kernel, tokens, width, pass_, dtype_name, setting, run) -> Cell:
     return Cell("ours", f"{tokens}x{width}", dtype_name, run, columns)
 
 
-def _tune_cross_entropy(rows, vocab, dtype, setting, bench_kw) -> dict:
+def _tune_cross_entropy(rows, vocab, dtype, setting, bench_kw, options: dict | None = None) -> dict:
+    """The plain loss, or with ``options`` (a ``CE_OPTION_SETS`` entry) its options kernel."""
     logits = _randn(rows, vocab, dtype=dtype, requires_grad=True)
     target = torch.randint(0, vocab, (rows,), device=DEVICE)
-    ref = torch.autograd.grad(F.cross_entropy(logits.float(), target), logits)[0]
+    if options is None:
+        ref = torch.autograd.grad(F.cross_entropy(logits.float(), target), logits)[0]
+    else:
+        ref = torch.autograd.grad(
+            cross_entropy_options_eager(logits.float(), target, options=options), logits
+        )[0]
+    kernel_options = CrossEntropyOptions(**options) if options is not None else None
 
     def step():
-        loss = CrossEntropyFunction.apply(logits, target, -100, "mean", False, True, setting)
+        loss = CrossEntropyFunction.apply(logits, target, -100, "mean", False, True, setting, kernel_options)
         return torch.autograd.grad(loss, logits)[0]
 
     err = rel_err(step(), ref)
-    check_close("cross_entropy", err, DEFAULT_TOLERANCE)
+    check_close("cross_entropy" if options is None else "cross_entropy_options", err, DEFAULT_TOLERANCE)
     return {**timed(step, nbytes=2 * logits.numel() * logits.element_size(), **bench_kw), "rel_err": err}
 
 
