@@ -28,7 +28,8 @@ Launch settings (:class:`CrossEntropySettings`, swept by ``python -m phases kern
 each sweep-1 iteration moves ``block_bytes`` of logits -- 64 KB measured fastest at 16384 x 128256
 bf16 on the H100 (3.60 ms against 3.95 ms at 32 KB: more bytes in flight per SM), so the block's
 *element* count follows the element size (32 768 bf16 logits, 16 384 float32 ones: the same bytes
-and registers per thread). The interpreter runs small blocks faster.
+and registers per thread). The options kernel has settings of its own (``OPTIONS_SETTINGS``: 16 KB
+blocks, 16 warps, two rows per SM). The interpreter runs small blocks faster.
 """
 
 import math
@@ -57,6 +58,14 @@ class CrossEntropySettings:
 
 
 DEFAULT_SETTINGS = CrossEntropySettings()
+# The options kernel does more per logit (a tanh each sweep, a third reduction) and is bound by its
+# instructions rather than by memory; at 32 warps a thread has 64 registers, and 64 KB blocks spill
+# 272 bytes a thread with every option on (sm_90 ptxas). 16 KB blocks at 16 warps, two rows per SM
+# spill nothing: 4.45 ms against 5.31 ms at 16384 x 128256 bf16 with every option on, on the H100
+# (``kernel_suite --tune``), where the plain loss keeps its 64 KB blocks (3.22 ms against 4.26).
+OPTIONS_SETTINGS = CrossEntropySettings(
+    block_bytes=2048 if INTERPRET else 16384, num_warps=16, programs_per_sm=2.0
+)
 
 
 def fast_tanh(dtype: torch.dtype) -> bool:
@@ -377,10 +386,12 @@ class CrossEntropyFunction(torch.autograd.Function):
         reduction,
         inplace,
         check_targets,
-        settings=DEFAULT_SETTINGS,
+        settings: CrossEntropySettings | None = None,
         options: CrossEntropyOptions | None = None,
     ):
         options = options if options is not None and not options.plain else None
+        if settings is None:
+            settings = DEFAULT_SETTINGS if options is None else OPTIONS_SETTINGS
         shape = logits.shape
         rows = as_rows(logits)
         n_rows, n_cols = rows.shape
@@ -614,7 +625,7 @@ def cross_entropy(
     options = CrossEntropyOptions(weight, label_smoothing, softcap, lse_square_scale)
     _check(logits, target, ignore_index, reduction, options)
     return CrossEntropyFunction.apply(
-        logits, target, ignore_index, reduction, inplace, check_targets, DEFAULT_SETTINGS, options
+        logits, target, ignore_index, reduction, inplace, check_targets, None, options
     )
 
 
