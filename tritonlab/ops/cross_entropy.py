@@ -28,8 +28,8 @@ Launch settings (:class:`CrossEntropySettings`, swept by ``python -m phases kern
 each sweep-1 iteration moves ``block_bytes`` of logits -- 64 KB measured fastest at 16384 x 128256
 bf16 on the H100 (3.60 ms against 3.95 ms at 32 KB: more bytes in flight per SM), so the block's
 *element* count follows the element size (32 768 bf16 logits, 16 384 float32 ones: the same bytes
-and registers per thread). The options kernel has settings of its own (``OPTIONS_SETTINGS``: 16 KB
-blocks, 16 warps, two rows per SM). The interpreter runs small blocks faster.
+and registers per thread). Label smoothing with the softcap has settings of its own
+(``OPTIONS_SETTINGS``: 16 KB blocks, 16 warps, two rows per SM). The interpreter runs small blocks faster.
 """
 
 import math
@@ -58,11 +58,13 @@ class CrossEntropySettings:
 
 
 DEFAULT_SETTINGS = CrossEntropySettings()
-# The options kernel does more per logit (a tanh each sweep, a third reduction) and is bound by its
-# instructions rather than by memory; at 32 warps a thread has 64 registers, and 64 KB blocks spill
-# 272 bytes a thread with every option on (sm_90 ptxas). 16 KB blocks at 16 warps, two rows per SM
-# spill nothing: 4.45 ms against 5.31 ms at 16384 x 128256 bf16 with every option on, on the H100
-# (``kernel_suite --tune``), where the plain loss keeps its 64 KB blocks (3.22 ms against 4.26).
+# Label smoothing and the softcap together (a third reduction and a tanh a logit in each sweep) make
+# the kernel bound by its instructions; at 32 warps a thread has 64 registers, and 64 KB blocks then
+# spill 272 bytes a thread (sm_90 ptxas). 16 KB blocks at 16 warps, two rows per SM spill nothing:
+# with every option on, 4.45 ms against 5.31 ms at 16384 x 128256 bf16 on the H100
+# (``kernel_suite --tune``). Each option alone runs faster on the plain loss's settings (smoothing
+# 3.72 against 4.32 ms, softcap 3.89 against 4.24, z-loss 3.30 against 4.26), so only the two
+# together take these.
 OPTIONS_SETTINGS = CrossEntropySettings(
     block_bytes=2048 if INTERPRET else 16384, num_warps=16, programs_per_sm=2.0
 )
@@ -376,6 +378,13 @@ class CrossEntropyOptions:
         )
 
 
+def launch_settings(options: CrossEntropyOptions | None) -> CrossEntropySettings:
+    """The measured launch settings for these options: ``OPTIONS_SETTINGS`` where label smoothing and
+    the softcap are both on, the plain loss's otherwise (see ``OPTIONS_SETTINGS``)."""
+    heavy = options is not None and options.label_smoothing != 0.0 and options.softcap is not None
+    return OPTIONS_SETTINGS if heavy else DEFAULT_SETTINGS
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -390,8 +399,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         options: CrossEntropyOptions | None = None,
     ):
         options = options if options is not None and not options.plain else None
-        if settings is None:
-            settings = DEFAULT_SETTINGS if options is None else OPTIONS_SETTINGS
+        settings = settings or launch_settings(options)
         shape = logits.shape
         rows = as_rows(logits)
         n_rows, n_cols = rows.shape

@@ -112,3 +112,18 @@ def test_the_options_kernel_spills_nothing_at_its_own_settings():
     spills = json.loads(out.stdout.strip().splitlines()[-1])
     # Every option on: the plain loss's 64 KB blocks at 32 warps spill; 16 KB at 16 warps do not.
     assert spills["default"] > 0 and spills["options"] == 0, spills
+
+
+def test_only_smoothing_with_the_softcap_takes_the_options_settings():
+    from tritonlab.ops.cross_entropy import (
+        DEFAULT_SETTINGS,
+        OPTIONS_SETTINGS,
+        CrossEntropyOptions,
+        launch_settings,
+    )
+
+    assert launch_settings(None) is DEFAULT_SETTINGS
+    for alone in ({"label_smoothing": 0.1}, {"softcap": 30.0}, {"lse_square_scale": 1e-4}):
+        assert launch_settings(CrossEntropyOptions(**alone)) is DEFAULT_SETTINGS
+    both = CrossEntropyOptions(label_smoothing=0.1, softcap=30.0, lse_square_scale=1e-4)
+    assert launch_settings(both) is OPTIONS_SETTINGS
