@@ -286,6 +286,11 @@ def startup_cell(shape: str, table_dir: Path, steps: int = 10) -> Cell:
             "first_step_profile_table_warm": "; ".join(
                 f"{name} {cum:.3f}s ({calls} calls)" for name, cum, _, calls in where["first_step_profile"]
             ),
+            # The same profile by each function's own time: what the cumulative list's callers spend.
+            "first_step_profile_own_table_warm": "; ".join(
+                f"{name} {own:.3f}s ({calls} calls)"
+                for name, _, own, calls in where.get("first_step_profile_own", [])
+            ),
         }
 
     return Cell("startup", shape, "bf16", run, {"function": "TransformerNP"})

@@ -66,10 +66,11 @@ def probe_workload(name: str) -> dict:
     return {"first_s": first, **timing.as_row(), "picks": picks(workload.kernels), "tunings": tunings}
 
 
-def profiled(fn, top: int = 15) -> list[list]:
-    """``fn`` under cProfile: the ``top`` functions by cumulative seconds, as [name, cumulative s,
-    own s, calls] -- where a first call's time goes on the host (loading compiled kernels, library
-    handles, tuning-table lookups); cProfile itself slows the call, so its total is not the figure."""
+def profiled(fn, top: int = 15) -> dict[str, list[list]]:
+    """``fn`` under cProfile: the ``top`` functions by cumulative seconds and by their own seconds,
+    each as [name, cumulative s, own s, calls] -- where a first call's time goes on the host
+    (loading compiled kernels, hashing Triton's cache key, library handles, tuning-table lookups);
+    cProfile itself slows the call, so its total is not the figure."""
     import cProfile
     import pstats
 
@@ -80,11 +81,15 @@ def profiled(fn, top: int = 15) -> list[list]:
     torch.cuda.synchronize()
     profile.disable()
     stats = pstats.Stats(profile).stats
-    rows = sorted(stats.items(), key=lambda item: -item[1][3])[:top]
-    return [
-        [f"{Path(file).name}:{line}({name})", round(cum, 4), round(own, 4), calls]
-        for (file, line, name), (calls, _, own, cum, _) in rows
-    ]
+
+    def listed(column: int) -> list[list]:
+        rows = sorted(stats.items(), key=lambda item: -item[1][column])[:top]
+        return [
+            [f"{Path(file).name}:{line}({name})", round(cum, 4), round(own, 4), calls]
+            for (file, line, name), (calls, _, own, cum, _) in rows
+        ]
+
+    return {"cumulative": listed(3), "own": listed(2)}
 
 
 def probe_model(shape_name: str, steps: int, profile: bool = False, sdpa: bool = False) -> dict:
@@ -114,7 +119,8 @@ def probe_model(shape_name: str, steps: int, profile: bool = False, sdpa: bool =
         train_step(model, model.loss, optimizer, tasks, torch.bfloat16)
 
     if profile:  # the first step under cProfile: where it goes, not how long it takes
-        return {"first_step_profile": profiled(step)}
+        where = profiled(step)
+        return {"first_step_profile": where["cumulative"], "first_step_profile_own": where["own"]}
     with triton_compiles() as compiles:
         first = _seconds(step)
     for _ in range(2):

@@ -140,6 +140,12 @@ def render(df: pd.DataFrame, fig) -> str:
                     "warm cache, under cProfile, which slows it: the shares, not the seconds):\n\n"
                     + "".join(f"- `{entry}`\n" for entry in top)
                 )
+                own = row.get("first_step_profile_own_table_warm")
+                if isinstance(own, str) and own:
+                    parts.append(
+                        "\nThe same profile by each function's own time:\n\n"
+                        + "".join(f"- `{entry}`\n" for entry in own.split("; "))
+                    )
     tune = _latest(df, "tune", ["shape", "function"])
     if not tune.empty:
         parts += ["\n## Tuning runs that wrote the tables\n", markdown_table(tune, [*TUNE, "picks"])]

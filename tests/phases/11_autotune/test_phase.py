@@ -195,7 +195,10 @@ def test_the_startup_cell_compiles_once_then_restarts_on_that_cache(monkeypatch,
     def probe(mode, what, table_dir, timeout=900, cache_dir=None):
         calls.append((mode, cache_dir, "--profile" in what, "--sdpa" in what))
         if "--profile" in what:
-            return {"first_step_profile": [["jit.py:600(run)", 0.9, 0.01, 40], ["x.py:1(f)", 0.2, 0.2, 1]]}
+            return {
+                "first_step_profile": [["jit.py:600(run)", 0.9, 0.01, 40], ["x.py:1(f)", 0.2, 0.2, 1]],
+                "first_step_profile_own": [["cache.py:271(triton_key)", 0.5, 0.4, 1]],
+            }
         first = {0: 12.0, 1: 0.2, 3: 40.0, 4: 0.5}[len(calls) - 1]
         compiled = {0: 9, 1: 0, 3: 30, 4: 0}[len(calls) - 1]
         return {"first_step_s": first, "steady_ms": 100.0, "picks": {"k": "c"}, "first_step_compile_s": compiled / 1.5,
@@ -218,6 +221,7 @@ def test_the_startup_cell_compiles_once_then_restarts_on_that_cache(monkeypatch,
         row["first_step_profile_table_warm"]
         == "jit.py:600(run) 0.900s (40 calls); x.py:1(f) 0.200s (1 calls)"
     )
+    assert row["first_step_profile_own_table_warm"] == "cache.py:271(triton_key) 0.400s (1 calls)"
 
 
 def test_a_probe_gets_the_compile_cache_it_is_given(monkeypatch, tmp_path):
@@ -272,7 +276,7 @@ def test_write_tables_writes_the_h100_table_and_the_a100_one_beside_it(tmp_path,
     assert tt.config_id(a100.entry("toy.k", "A")["config"]) == tt.config_id(SLOW)
 
 
-def test_the_profiled_first_call_lists_the_top_functions_by_cumulative_time(monkeypatch):
+def test_the_profiled_first_call_lists_the_top_functions_by_cumulative_and_own_time(monkeypatch):
     probe = phase_module("11", "probe")
     monkeypatch.setattr(probe.torch.cuda, "synchronize", lambda: None)
 
@@ -282,8 +286,11 @@ def test_the_profiled_first_call_lists_the_top_functions_by_cumulative_time(monk
     def outer():
         return inner() + inner()
 
-    top = probe.profiled(outer, top=5)
+    where = probe.profiled(outer, top=5)
+    top, own = where["cumulative"], where["own"]
     assert len(top) <= 5 and all(len(entry) == 4 for entry in top)
     cumulative = [entry[1] for entry in top]
     assert cumulative == sorted(cumulative, reverse=True)
     assert any("(inner)" in entry[0] and entry[3] == 2 for entry in top)
+    assert [entry[2] for entry in own] == sorted((entry[2] for entry in own), reverse=True)
+    assert any("(<genexpr>)" in entry[0] or "(inner)" in entry[0] for entry in own)
