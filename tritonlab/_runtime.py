@@ -6,6 +6,7 @@ kernels it launches. It never sets the variable (see the package docstring).
 """
 
 import functools
+import logging
 import os
 import threading
 
@@ -45,10 +46,14 @@ def preload() -> threading.Thread | None:
         return None
 
     def work():
-        from triton.runtime.cache import triton_key
+        # Only a head start: if a Triton version moves either, the first launch does the work itself.
+        try:
+            from triton.runtime.cache import triton_key
 
-        triton_key()  # functools-cached by Triton: the first launch then finds it computed
-        import triton.experimental.gluon.nvidia.hopper  # noqa: F401
+            triton_key()  # functools-cached by Triton: the first launch then finds it computed
+            import triton.experimental.gluon.nvidia.hopper  # noqa: F401
+        except Exception as error:  # noqa: BLE001 -- nothing here may reach the training script
+            logging.getLogger("tritonlab").debug("preload: %s", error)
 
     thread = threading.Thread(target=work, name="tritonlab-preload", daemon=True)
     thread.start()
