@@ -7,11 +7,17 @@
   against a reference run in float64 on the same inputs;
 - ``poisoned_empty``: new tensors NaN-filled, so an output element a kernel forgets to write shows
   up instead of passing on stale memory;
-- ``DTYPES`` / ``dtype_name``: the short dtype names rows and command lines use.
+- ``DTYPES`` / ``dtype_name``: the short dtype names rows and command lines use;
+- ``run_without_interpreter``: Python code in a fresh process where Triton compiles for a GPU
+  target (a CPU test's sm_90 build), though this one runs the interpreter.
 """
 
 import contextlib
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -117,3 +123,17 @@ def poisoned_empty():
     finally:
         torch.use_deterministic_algorithms(previous[0])
         torch.utils.deterministic.fill_uninitialized_memory = previous[1]
+
+
+def run_without_interpreter(code: str, *args: str) -> subprocess.CompletedProcess:
+    """Python ``code`` (``sys.argv[1:]`` = ``args``) in a fresh process without ``TRITON_INTERPRET``,
+    from the directory that holds the ``tritonlab`` package: Triton there compiles for GPU targets
+    (no GPU is needed to compile). A failing process is an ``AssertionError`` carrying its stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=root
+    )
+    if out.returncode != 0:
+        raise AssertionError(f"the subprocess exited with {out.returncode}:\n{out.stderr[-4000:]}")
+    return out

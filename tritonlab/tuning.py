@@ -8,6 +8,8 @@ an explicit record of the config each launch picked.
   memory of the GPU the kernel runs on, so a float32 call never asks for more than the hardware has.
 - ``quiet_compile_failures`` turns a config the compiler cannot build, while tuning, into one
   warning line instead of Triton's dump of the whole PTX.
+- ``ptxas_report``: registers and spills of a kernel's PTX for a GPU that need not be present (the
+  A100 table check, the tests' sm_90 builds on a machine without a GPU).
 - ``ConfigRecord`` keeps the config a kernel's launch picked, per kernel, for whoever asked for it
   (a benchmark row); nothing is kept in module globals. Under ``torch.compile`` the kernels run
   inside custom ops, which a record cannot reach: ``refuse_record_under_compile``.
@@ -20,8 +22,12 @@ import contextlib
 import functools
 import io
 import logging
+import re
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -91,6 +97,40 @@ def refuse_record_under_compile(record: ConfigRecord | None, function: str) -> N
             f"record: {function} cannot fill a ConfigRecord under torch.compile (its kernels run inside "
             "a custom op); call it eagerly to learn the configs"
         )
+
+
+_REGISTERS = re.compile(r"Used (\d+) registers")
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def ptxas_report(ptx: str, gpu_name: str) -> dict:
+    """Registers and spill bytes of ``ptx`` built for ``gpu_name`` (``sm_80``, ``sm_90a``) by the ptxas
+    Triton uses, with ``-v``: the most registers of any function in it (the kernel, and any function
+    left out of line) and the total spill stores and loads."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        out = subprocess.run(
+            [knobs.nvidia.ptxas.path, "-lineinfo", "-v", f"--gpu-name={gpu_name}", str(src), "-o",
+             str(Path(tmp) / "k.cubin")],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    return parse_ptxas_log(out.stderr + out.stdout)
+
+
+def parse_ptxas_log(log: str) -> dict:
+    """``ptxas_report``'s figures from the text of ``ptxas -v``: one report per function."""
+    regs = [int(n) for n in _REGISTERS.findall(log)]
+    spills = [(int(a), int(b)) for a, b in _SPILLS.findall(log)]
+    if not regs or not spills:
+        raise RuntimeError(f"ptxas -v printed no register report:\n{log}")
+    return {
+        "registers": max(regs),
+        "spill_stores": sum(a for a, _ in spills),
+        "spill_loads": sum(b for _, b in spills),
+    }
 
 
 @contextlib.contextmanager

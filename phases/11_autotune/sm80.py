@@ -23,10 +23,7 @@ kernels must be Triton JIT functions, not the interpreter's.
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,13 +37,12 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import create_function_from_signature
 
 from tritonlab import checks, tuning_tables, tuning_workloads
+from tritonlab.tuning import ptxas_report
 
 from .tables import SM80_RESULTS
 
 TARGET = GPUTarget("cuda", 80, 32)
 SM80_SHARED_BYTES = 163 * 1024
-_PTXAS_LINE = re.compile(r"Used (\d+) registers")
-_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 class _CompileOnlyDriver:
@@ -64,30 +60,6 @@ class _CompileOnlyDriver:
 
 class _WorkloadDone(Exception):
     """Raised after a workload's last tuned kernel: nothing after it needs compiling."""
-
-
-def ptxas_report(ptx: str) -> dict:
-    """Registers and spill bytes of ``ptx`` for sm_80, from ptxas -v with the flags Triton uses."""
-    ptxas = knobs.nvidia.ptxas.path
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        out = subprocess.run(
-            [ptxas, "-lineinfo", "-v", f"--gpu-name=sm_{TARGET.arch}", str(src), "-o", str(Path(tmp) / "k.cubin")],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-    log = out.stderr + out.stdout
-    # One report per function in the PTX (the kernel; any function left out of line): the most
-    # registers and the total spills.
-    regs = [int(n) for n in _PTXAS_LINE.findall(log)]
-    spills = [(int(a), int(b)) for a, b in _SPILLS.findall(log)]
-    if not regs or not spills:
-        raise RuntimeError(f"ptxas -v printed no register report:\n{log}")
-    return {
-        "registers": max(regs),
-        "spill_stores": sum(a for a, _ in spills),
-        "spill_loads": sum(b for _, b in spills),
-    }
 
 
 class Sm80Check:
@@ -120,7 +92,11 @@ class Sm80Check:
                 out = triton.compile(
                     ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=parsed.__dict__
                 )
-                result = {**ptxas_report(out.asm["ptx"]), "shared_bytes": out.metadata.shared, "error": ""}
+                result = {
+                    **ptxas_report(out.asm["ptx"], f"sm_{TARGET.arch}"),
+                    "shared_bytes": out.metadata.shared,
+                    "error": "",
+                }
             except Exception as e:  # a config that does not build is a result, not a stop
                 result = {"registers": None, "spill_stores": None, "spill_loads": None, "shared_bytes": None,
                           "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}  # fmt: skip

@@ -1,14 +1,10 @@
 """tritonlab._runtime: where kernels run, and the preload of Triton's once-per-process start-up."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 import tritonlab
 from tritonlab._runtime import INTERPRET
+from tritonlab.testing import run_without_interpreter
 
 _PRELOAD_CHECK = """
 import tritonlab
@@ -26,11 +22,7 @@ print("ok")
 
 def test_preload_computes_tritons_cache_key_and_imports_gluon_in_a_thread():
     # Its own process without the interpreter: a compiling Triton is what preload warms.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", _PRELOAD_CHECK], capture_output=True, text=True, env=env, cwd=root, check=True
-    )
+    out = run_without_interpreter(_PRELOAD_CHECK)
     assert out.stdout.strip() == "ok"
 
 
@@ -57,14 +49,5 @@ print("ok")
 
 
 def test_a_preload_that_fails_stays_silent_in_its_thread():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", _PRELOAD_FAILURE],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        check=True,
-    )
+    out = run_without_interpreter(_PRELOAD_FAILURE)
     assert out.stdout.strip() == "ok" and "Traceback" not in out.stderr

@@ -4,9 +4,6 @@ a fake timer that counts how often the autotuner times a candidate."""
 
 import json
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +13,7 @@ import triton.language as tl
 from tritonlab import tuning_tables as tt
 from tritonlab import tuning_workloads
 from tritonlab._launch import LaunchCache
+from tritonlab.testing import run_without_interpreter
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -334,9 +332,8 @@ def test_every_committed_entry_names_a_config_of_its_kernels_search_space():
     # A search space edited without re-tuning would make its entries stale: ignored at launch with a
     # warning, so the kernel tunes at a user's first call. The GPU's search spaces are built only
     # outside the interpreter: a fresh process without TRITON_INTERPRET (no GPU needed to build them).
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = "import json; from tritonlab.tuning_workloads import stale_entries; print(json.dumps(stale_entries()))"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = run_without_interpreter(code)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
     assert {p.stem for p in tt.TABLE_DIR.glob("*.json")} >= {"h100_bf16", "h100_fp8", "a100_bf16"}
 

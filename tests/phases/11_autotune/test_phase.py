@@ -2,19 +2,16 @@
 check), the committed sm_80 results, and the report's verdicts from GPU-like rows."""
 
 import json
-import os
-import subprocess
-import sys
 import types
 
 import pandas as pd
 import pytest
 import triton
 
-from common.provenance import REPO_ROOT
 from common.report import Figures
 from phases.__main__ import phase_module
 from tritonlab import tuning_tables as tt
+from tritonlab.testing import run_without_interpreter
 
 GPU = "NVIDIA H100 80GB HBM3"
 FAST, SLOW, OTHER = (triton.Config({"BLOCK": b}, num_warps=4) for b in (64, 128, 32))
@@ -117,11 +114,7 @@ def test_the_committed_sm80_results_cover_every_runnable_config_and_no_other():
     tables = phase_module("11", "tables")
     results = json.loads(tables.SM80_RESULTS.read_text())
     assert results["target"] == "sm_80" and results["shared_limit_bytes"] == 163 * 1024
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "-c", _SPACES], cwd=REPO_ROOT, env=env, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_without_interpreter(_SPACES)
     spaces = json.loads(out.stdout.strip().splitlines()[-1])
     seen = {(r["kernel"], r["config"]) for r in results["rows"]}
     for name, configs in spaces.items():

@@ -10,9 +10,6 @@ call the public functions with ``force_fp8=True``.
 import json
 import logging
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +26,7 @@ from tritonlab.attention import (
 )
 from tritonlab.attention import fp8 as fp8_module
 from tritonlab.attention.fp8 import ERROR_BOUND, GRAD_BOUND, KV_BLOCK, LSE_BOUND, STE_BOUND
-from tritonlab.testing import model_qkv, output_and_grads, poisoned_empty, rel_err
+from tritonlab.testing import model_qkv, output_and_grads, poisoned_empty, rel_err, run_without_interpreter
 
 DEVICE = kernel_device_type()
 GPU = DEVICE == "cuda"
@@ -368,15 +365,14 @@ def test_bad_input_is_a_value_error_naming_the_argument(fn, q, k, v, match):
 # --- the sm_90 build -----------------------------------------------------------------------------
 
 _COMPILE_CHECK = r"""
-import json, re, subprocess, sys, tempfile
-from pathlib import Path
+import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tritonlab.attention.fp8 import KV_BLOCK, _SEARCH_SPACE, _fp8_fwd_kernel
+from tritonlab.tuning import ptxas_report
 
-ptxas = sys.argv[1]
-wanted = json.loads(sys.argv[2])
+wanted = json.loads(sys.argv[1])
 results = []
 for bm, bn, warps, stages, loader, dims in _SEARCH_SPACE:
     for d in dims:
@@ -390,17 +386,12 @@ for bm, bn, warps, stages, loader, dims in _SEARCH_SPACE:
         out = triton.compile(ASTSource(_fp8_fwd_kernel, signature=sig, constexprs=consts),
                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
         ptx = out.asm["ptx"]
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "k.ptx"
-            path.write_text(ptx)
-            report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(path), "-o", str(path.with_suffix(".cubin"))],
-                                    capture_output=True, text=True, check=True).stderr
-        spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+        report = ptxas_report(ptx, "sm_90a")
         results.append({"config": [bm, bn, warps, stages, loader, d],
                         "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\S*e4m3\.e4m3", ptx))),
                         "satfinite": "cvt.rn.satfinite.e4m3x2.f32" in ptx,
-                        "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
-                        "spill_bytes": sum(spills)})
+                        "registers": report["registers"],
+                        "spill_bytes": report["spill_stores"] + report["spill_loads"]})
 from tritonlab.attention.fp8 import _QUANTIZE_WARPS, _quantize_kv_kernel
 
 for d in (64, 128):  # the quantisation launch, at both head dims
@@ -410,14 +401,9 @@ for d in (64, 128):  # the quantisation launch, at both head dims
                **{c: "constexpr" for c in consts})
     out = triton.compile(ASTSource(_quantize_kv_kernel, signature=sig, constexprs=consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": _QUANTIZE_WARPS})
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.ptx"
-        path.write_text(out.asm["ptx"])
-        report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(path), "-o", str(path.with_suffix(".cubin"))],
-                                capture_output=True, text=True, check=True).stderr
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
-    results.append({"config": ["quantize", d], "spill_bytes": sum(spills),
-                    "registers": int(re.search(r"Used (\d+) registers", report).group(1))})
+    report = ptxas_report(out.asm["ptx"], "sm_90a")
+    results.append({"config": ["quantize", d], "spill_bytes": report["spill_stores"] + report["spill_loads"],
+                    "registers": report["registers"]})
 print(json.dumps(results))
 """
 
@@ -426,12 +412,7 @@ def compile_for_sm90(configs: list[list]) -> list[dict]:
     """Compile the forward (``configs``) and the quantisation launch for sm_90 in a process without
     the interpreter (whose kernels cannot be compiled) and read ptxas' report: for each, its fp8
     wgmma and saturating casts (the forward's), registers and spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run(
-        [sys.executable, "-c", _COMPILE_CHECK, str(PTXAS), json.dumps(configs)],
-        capture_output=True, text=True, env=env, cwd=root, check=True,
-    )  # fmt: skip
+    out = run_without_interpreter(_COMPILE_CHECK, json.dumps(configs))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

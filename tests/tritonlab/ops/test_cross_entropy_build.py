@@ -2,13 +2,12 @@
 ops (MUFU) each logit costs, plain and with the softcap, exact and with the hardware tanh."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import triton
+
+from tritonlab.testing import run_without_interpreter
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
@@ -55,16 +54,7 @@ print(json.dumps(results))
     reason="needs Triton's ptxas and cuobjdump",
 )
 def test_the_hardware_tanh_cuts_the_softcaps_special_function_ops():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run(
-        [sys.executable, "-c", _BUILD, str(BIN)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        check=True,
-    )
+    out = run_without_interpreter(_BUILD, str(BIN))
     results = json.loads(out.stdout.strip().splitlines()[-1])
     plain, exact, fast = (results[k] for k in ("plain", "softcap", "softcap-fast"))
     # Two sweeps: one exp a logit in each, plus a few per row and launch.
@@ -75,14 +65,15 @@ def test_the_hardware_tanh_cuts_the_softcaps_special_function_ops():
 
 
 _SPILLS = r"""
-import json, re, subprocess, sys, tempfile
-from pathlib import Path
+import json
 import triton
+
+from tritonlab.testing import run_without_interpreter
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tritonlab.ops.cross_entropy import DEFAULT_SETTINGS, OPTIONS_SETTINGS, _cross_entropy_fwd_kernel as kernel
+from tritonlab.tuning import ptxas_report
 
-bin_dir = Path(sys.argv[1])
 sig = {n: "i32" for n in kernel.arg_names}
 sig.update(LOGITS="*bf16", TARGET="*i64", LOSS="*fp32", GRAD="*bf16", N_VALID="*i32", LSE_SQ="*fp32",
            smoothing="fp32", softcap="fp32", lse_square_scale="fp32", stride_logits="i64", stride_grad="i64")
@@ -92,12 +83,7 @@ for name, settings in (("default", DEFAULT_SETTINGS), ("options", OPTIONS_SETTIN
                   HAS_WEIGHT=False, HAS_SMOOTHING=True, HAS_SOFTCAP=True, HAS_ZLOSS=True, FAST_TANH=True)
     out = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": settings.num_warps})
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(out.asm["ptx"])
-        report = subprocess.run([bin_dir / "ptxas", "-v", "--gpu-name=sm_90a", str(ptx), "-o",
-                                 str(ptx.with_suffix(".cubin"))], capture_output=True, text=True, check=True).stderr
-    results[name] = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
+    results[name] = ptxas_report(out.asm["ptx"], "sm_90a")["spill_stores"]
 print(json.dumps(results))
 """
 
@@ -105,11 +91,7 @@ print(json.dumps(results))
 @pytest.mark.skipif(not (BIN / "ptxas").exists(), reason="needs Triton's ptxas")
 def test_the_options_kernel_spills_nothing_at_its_own_settings():
     # The subprocess runs without the interpreter, so it reads the GPU's settings.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run([sys.executable, "-c", _SPILLS, str(BIN)], capture_output=True, text=True, env=env,
-                         cwd=root, check=True)  # fmt: skip
-    spills = json.loads(out.stdout.strip().splitlines()[-1])
+    spills = json.loads(run_without_interpreter(_SPILLS).stdout.strip().splitlines()[-1])
     # Every option on: the plain loss's 64 KB blocks at 32 warps spill; 16 KB at 16 warps do not.
     assert spills["default"] > 0 and spills["options"] == 0, spills
 

@@ -1,0 +1,60 @@
+"""tritonlab.tuning's ptxas report: registers and spills of a kernel built for a GPU not present."""
+
+import json
+from pathlib import Path
+
+import pytest
+import triton
+
+from tritonlab.testing import run_without_interpreter
+from tritonlab.tuning import parse_ptxas_log
+
+_REPORT = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tritonlab.attention._common import _delta_kernel as kernel
+from tritonlab.tuning import ptxas_report
+
+consts = {"HEAD_DIM": 64, "BLOCK_M": 64}
+signature = {n: "i32" for n in kernel.arg_names}
+signature.update(O="*bf16", DO="*bf16", DELTA="*fp32", **{c: "constexpr" for c in consts})
+out = {}
+for arch, name in ((80, "sm_80"), (90, "sm_90a")):
+    built = triton.compile(ASTSource(kernel, signature, consts), target=GPUTarget("cuda", arch, 32),
+                           options={"num_warps": 4})
+    out[name] = ptxas_report(built.asm["ptx"], name)
+print(json.dumps(out))
+"""
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="needs Triton's bundled ptxas")
+def test_ptxas_report_builds_for_each_target():
+    # Phase 11's A100 check builds for sm_80, the tests' FP8 and cross-entropy checks for sm_90a.
+    reports = json.loads(run_without_interpreter(_REPORT).stdout.strip().splitlines()[-1])
+    for name in ("sm_80", "sm_90a"):
+        report = reports[name]
+        assert set(report) == {"registers", "spill_stores", "spill_loads"}
+        assert 0 < report["registers"] <= 255 and report["spill_stores"] >= 0 and report["spill_loads"] >= 0
+
+
+_LOG = """ptxas info    : Compiling entry function 'k' for 'sm_90a'
+ptxas info    : Function properties for helper
+    8 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 40 registers
+ptxas info    : Function properties for k
+    0 bytes stack frame, 20 bytes spill stores, 20 bytes spill loads
+ptxas info    : Used 80 registers, 392 bytes cmem[0]
+"""
+
+
+def test_the_log_gives_the_most_registers_and_the_total_spills():
+    assert parse_ptxas_log(_LOG) == {"registers": 80, "spill_stores": 28, "spill_loads": 24}
+
+
+def test_a_log_without_a_report_is_an_error_showing_it():
+    with pytest.raises(RuntimeError, match="no register report"):
+        parse_ptxas_log("ptxas fatal   : Unresolved extern function")
