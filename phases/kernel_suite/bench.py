@@ -593,8 +593,7 @@ def tune_cells(dtype_name: str, bench_kw: dict) -> list[Cell]:
     for kernel in ("cross_entropy", "cross_entropy_options"):
         for block_bytes, warps, per_sm in CE_SETTINGS:
             setting = CrossEntropySettings(block_bytes if ON_GPU else block_bytes // 64, warps, per_sm)
-            options = CE_OPTION_SETS.get(kernel)
-            run = functools.partial(_tune_cross_entropy, rows, vocab, dtype, setting, bench_kw, options)
+            run = functools.partial(_tune_cross_entropy, kernel, rows, vocab, dtype, setting, bench_kw)
             name = f"block_bytes={setting.block_bytes},warps={warps},programs_per_sm={per_sm}"
             out.append(_tune_cell(kernel, rows, vocab, "fwd+bwd", dtype_name, name, run))
     rows, width = sizes["rms_norm"]
@@ -611,8 +610,9 @@ def _tune_cell(kernel, tokens, width, pass_, dtype_name, setting, run) -> Cell:
     return Cell("ours", f"{tokens}x{width}", dtype_name, run, columns)
 
 
-def _tune_cross_entropy(rows, vocab, dtype, setting, bench_kw, options: dict | None = None) -> dict:
-    """The plain loss, or with ``options`` (a ``CE_OPTION_SETS`` entry) its options kernel."""
+def _tune_cross_entropy(kernel, rows, vocab, dtype, setting, bench_kw) -> dict:
+    """``cross_entropy`` (the plain loss) or a ``CE_OPTION_SETS`` cell (the options kernel)."""
+    options = CE_OPTION_SETS.get(kernel)
     logits = _randn(rows, vocab, dtype=dtype, requires_grad=True)
     target = torch.randint(0, vocab, (rows,), device=DEVICE)
     if options is None:
@@ -628,7 +628,7 @@ def _tune_cross_entropy(rows, vocab, dtype, setting, bench_kw, options: dict | N
         return torch.autograd.grad(loss, logits)[0]
 
     err = rel_err(step(), ref)
-    check_close("cross_entropy" if options is None else "cross_entropy_options", err, DEFAULT_TOLERANCE)
+    check_close(kernel, err, DEFAULT_TOLERANCE)
     return {**timed(step, nbytes=2 * logits.numel() * logits.element_size(), **bench_kw), "rel_err": err}
 
 
