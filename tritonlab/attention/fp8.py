@@ -196,6 +196,61 @@ def _quantize_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return k8, k_scales, v8t, v_scales, v_means
 
 
+@triton.jit
+def _dequantize_kernel(
+    X, XD, stride_xb, stride_xh, stride_xl, stride_xd, H, L,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, CENTRED: tl.constexpr, EXACT_CAST: tl.constexpr,
+):  # fmt: skip
+    """x̃ = e4m3(x / s) · s per block of BLOCK rows of one (batch, head), with the forward's own
+    ``_quantize_tile`` (so bit for bit the values its fp8 products took), in x's dtype, into XD
+    (B, H, L, D) contiguous: what the backward recomputes P from. ``CENTRED`` (V): the block's
+    per-channel mean comes off before and back after, as ``_quantize_kv_kernel`` takes it."""
+    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    row = pid_n * BLOCK
+    x = load_rows(X + b * stride_xb + h * stride_xh, stride_xl, stride_xd, row, L, BLOCK, HEAD_DIM, True)
+    rows = row + tl.arange(0, BLOCK)
+    dims = tl.arange(0, HEAD_DIM)
+    if CENTRED:
+        x = x.to(tl.float32)
+        mean = tl.sum(x, 0) / tl.minimum(L - row, BLOCK).to(tl.float32)
+        x8, scale = _quantize_tile(tl.where((rows < L)[:, None], x - mean[None, :], 0.0), EXACT_CAST)
+        x_hat = x8.to(tl.float32) * scale + mean[None, :]
+    else:
+        x8, scale = _quantize_tile(x, EXACT_CAST)
+        x_hat = x8.to(tl.float32) * scale
+    out = XD + pid_bh.to(tl.int64) * L * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
+    tl.store(out, x_hat.to(XD.dtype.element_ty), mask=(rows < L)[:, None])
+
+
+def _first_dequantize(tensors: tuple, grid: tuple, shape_args: tuple, meta: dict) -> tuple:
+    """Compile and run the dequantisation for a new call signature; what ``LaunchCache`` keeps."""
+    compiled = _dequantize_kernel[grid](*tensors, *shape_args, **meta, num_warps=_QUANTIZE_WARPS)
+    tail = shape_args + constexpr_tail(_dequantize_kernel, len(tensors) + len(shape_args), meta)
+    return compiled, (*grid, 1), tail, None
+
+
+_DEQUANTIZE_LAUNCHES = LaunchCache(_first_dequantize)
+
+
+def _dequantize(x: torch.Tensor, block: int, centred: bool = False) -> torch.Tensor:
+    """x̃ (B, H, L, D), contiguous, in x's dtype: x quantised per block of ``block`` rows as the
+    forward quantises it, and multiplied back by the block's scale; ``centred``: less the block's
+    per-channel mean before, plus it after (V)."""
+    B, H, L, D = x.shape
+    out = torch.empty((B, H, L, D), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    tensors, grid = (x, out), (triton.cdiv(L, block), B * H)
+    shape_args = (*strides4(x), H, L)
+    meta = {"HEAD_DIM": D, "BLOCK": block, "CENTRED": centred, "EXACT_CAST": INTERPRET}
+    if INTERPRET:
+        _dequantize_kernel[grid](*tensors, *shape_args, **meta)
+    else:
+        _DEQUANTIZE_LAUNCHES.launch((signature_key(x), block, centred), tensors, grid, shape_args, meta)
+    return out
+
+
 # --- 2. the forward: Q quantised per program, fp8 dots, online softmax -----------------------------
 
 
@@ -414,25 +469,10 @@ def _fp8_forward(q, k, v, scale: float, record: ConfigRecord | None = None):
 
 
 def _dequantized(q, k, v, block_m: int) -> tuple[torch.Tensor, ...]:
-    """q̃, k̃, ṽ in q's dtype: the values the forward's fp8 products multiplied (e4m3 times scale).
-    K and V by the same quantisation launch; Q per block of ``block_m`` rows as the forward's
-    programs take it (amax / 448, round to nearest even; PyTorch's e4m3 cast rounds as the GPU's)."""
-    B, H, Lq, D = q.shape
-    Lk = k.shape[2]
-    k8, k_scales, v8t, v_scales, v_means = _quantize_kv(k, v)
-    n_kv, lk_pad = k_scales.shape[1], k8.shape[1]
-    kd = (k8.float().view(B * H, n_kv, KV_BLOCK, D) * k_scales[:, :, None, None]).view(B * H, lk_pad, D)
-    vd = v8t.float().view(B * H, D, n_kv, KV_BLOCK) * v_scales[:, None, :, None]
-    vd = (vd + v_means.transpose(1, 2)[:, :, :, None]).view(B * H, D, lk_pad)
-    n_q = triton.cdiv(Lq, block_m)
-    x = torch.nn.functional.pad(q.float(), (0, 0, 0, n_q * block_m - Lq)).view(B, H, n_q, block_m, D)
-    amax = x.abs().amax(dim=(-2, -1), keepdim=True)
-    q_scale = torch.where(amax > 0, amax / FP8_MAX, 1.0)
-    q8 = (x * (1.0 / q_scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    qd = (q8.float() * q_scale).view(B, H, n_q * block_m, D)[:, :, :Lq]
-    kd = kd[:, :Lk].reshape(B, H, Lk, D)
-    vd = vd[:, :, :Lk].transpose(1, 2).reshape(B, H, Lk, D)
-    return tuple(t.to(q.dtype) for t in (qd, kd, vd))
+    """q̃, k̃, ṽ: the values the forward's fp8 products multiplied (e4m3 times scale; V plus its
+    block's means), in q's dtype; Q per block of ``block_m`` rows as the forward's programs take it,
+    K and V per KV_BLOCK keys."""
+    return _dequantize(q, block_m), _dequantize(k, KV_BLOCK), _dequantize(v, KV_BLOCK, centred=True)
 
 
 class _FP8AttentionFunction(torch.autograd.Function):

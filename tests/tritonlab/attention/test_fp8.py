@@ -255,6 +255,42 @@ def test_all_equal_scores_give_the_mean_of_v():
     assert torch.allclose(lse.double(), reference_attention(q, k, v)[1], atol=LSE_BOUND)
 
 
+def dequantized_reference(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x̃ by PyTorch: per block of ``block`` rows of each (batch, head), s = amax / 448 (1 for a zero
+    block), e4m3(x · (1 / s)) rounded to nearest even by PyTorch's cast, times s, in x's dtype."""
+    B, H, L, D = x.shape
+    n = triton.cdiv(L, block)
+    rows = torch.nn.functional.pad(x.float(), (0, 0, 0, n * block - L)).view(B, H, n, block, D)
+    amax = rows.abs().amax(dim=(-2, -1), keepdim=True)
+    s = torch.where(amax > 0, amax / 448.0, 1.0)
+    x8 = (rows * (1.0 / s)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return (x8.float() * s).view(B, H, n * block, D)[:, :, :L].to(x.dtype)
+
+
+@pytest.mark.parametrize(("L", "block"), [(1, 32), (100, 32), (257, 128), (128, 64)])
+def test_the_backward_inputs_are_the_forwards_quantised_values(L, block):
+    # What the backward recomputes P from: each block quantised as the forward does (one scale per
+    # block of rows), then multiplied back; read in the model's strides, a zero block stays zero.
+    q, _, _ = model_qkv(2, 3, L, 5, 64, torch.float16, scale_inputs=3.0)
+    q[0, 1] = 0
+    with poisoned_empty():
+        got = fp8_module._dequantize(q, block)
+    assert got.is_contiguous() and got.dtype == q.dtype
+    assert torch.equal(got, dequantized_reference(q, block))
+    assert (got[0, 1] == 0).all()
+
+
+def test_the_backward_v_is_the_forwards_centred_quantisation():
+    # V on an offset, odd length, the model's strides: the dequantised V is the quantisation
+    # launch's own V8 times its scale plus its block means, rounded once to V's dtype.
+    _, k, v = model_qkv(1, 2, 3, 2 * KV_BLOCK + 37, 64, torch.float16)
+    v = (5.0 + v.double()).to(torch.float16)
+    got = fp8_module._dequantize(v, KV_BLOCK, centred=True)
+    _, v_hat, _, _ = dequantized_kv(k, v)
+    assert got.dtype == v.dtype and torch.isfinite(got).all()
+    assert torch.allclose(got.double(), v_hat.to(v.dtype).double(), rtol=2.0**-10, atol=0.0)
+
+
 def check_backward(q, k, v, bounded_by_exact: bool = True) -> None:
     """dQ, dK, dV against float64: those of attention at the quantised inputs q̃, k̃, ṽ within
     STE_BOUND; with ``bounded_by_exact``, also O and the gradients of the exact attention within
@@ -404,6 +440,19 @@ for d in (64, 128):  # the quantisation launch, at both head dims
     report = ptxas_report(out.asm["ptx"], "sm_90a")
     results.append({"config": ["quantize", d], "spill_bytes": report["spill_stores"] + report["spill_loads"],
                     "registers": report["registers"]})
+from tritonlab.attention.fp8 import _dequantize_kernel
+
+for d in (64, 128):  # the backward's dequantisation, Q's (plain) and V's (centred)
+    for centred in (False, True):
+        consts = dict(HEAD_DIM=d, BLOCK=KV_BLOCK, CENTRED=centred, EXACT_CAST=False)
+        sig = {n: "i32" for n in _dequantize_kernel.arg_names}
+        sig.update(X="*bf16", XD="*bf16", **{c: "constexpr" for c in consts})
+        out = triton.compile(ASTSource(_dequantize_kernel, signature=sig, constexprs=consts),
+                             target=GPUTarget("cuda", 90, 32), options={"num_warps": _QUANTIZE_WARPS})
+        report = ptxas_report(out.asm["ptx"], "sm_90a")
+        results.append({"config": ["dequantize", d, centred],
+                        "spill_bytes": report["spill_stores"] + report["spill_loads"],
+                        "registers": report["registers"]})
 print(json.dumps(results))
 """
 
@@ -420,7 +469,9 @@ def assert_fp8_build(results, configs):
     quantize = [r for r in results if r["config"][0] == "quantize"]
     assert [r["config"] for r in quantize] == [["quantize", 64], ["quantize", 128]]
     assert all(r["spill_bytes"] == 0 for r in quantize), quantize
-    results = [r for r in results if r["config"][0] != "quantize"]
+    dequantize = [r for r in results if r["config"][0] == "dequantize"]
+    assert len(dequantize) == 4 and all(r["spill_bytes"] == 0 for r in dequantize), dequantize
+    results = [r for r in results if r["config"][0] not in ("quantize", "dequantize")]
     assert [r["config"] for r in results] == configs
     for r in results:
         assert r["wgmma"] and all(w.endswith("e4m3.e4m3") for w in r["wgmma"]), r
