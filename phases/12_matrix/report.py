@@ -27,6 +27,8 @@ BASELINES = ("sdpa-cudnn", "sdpa-flash", "compile+sdpa-cudnn", "compile+sdpa-fla
 GOALS = {"small": 1.2, "mid": 1.15, "large": 1.15}
 GOAL_BASELINES = {"small": BASELINES, "mid": ("sdpa-cudnn", "compile+sdpa-cudnn"),
                   "large": ("sdpa-cudnn", "compile+sdpa-cudnn")}  # fmt: skip
+# sdpa-math is a reference, not a baseline a user would pick: a run may leave it out.
+NEEDED_BASELINES = {shape: tuple(b for b in names if b != "sdpa-math") for shape, names in GOAL_BASELINES.items()}
 TABLE = ["shape", "batch", "dtype", "variant", "step_ms", "step_p20_ms", "step_p80_ms", "forward_ms",
          "backward_ms", "optimizer_ms", "tokens_per_s", "peak_mem_gb", "speedup_vs_sdpa_cudnn",
          "speedup_vs_best_baseline", "loss_rel_err", "grad_max_rel_err", "loss_first", "loss_last",
@@ -88,21 +90,35 @@ def headline_rows(df: pd.DataFrame) -> list[dict]:
             if custom is not None and base is not None
             else float("nan")
         )
+        # A run without one of the goal's baselines has no verdict: the missing one may be the best.
+        missing = [b for b in NEEDED_BASELINES.get(shape, ()) if b not in set(ok["variant"])]
         out.append({"shape": shape, "dtype": dtype, "custom": custom, "base": base, "ratio": ratio,
-                    "goal": GOALS.get(shape), "gpu": part["gpu"].iloc[0], "utc": part["utc"].max()})  # fmt: skip
+                    "missing": missing, "goal": GOALS.get(shape), "gpu": part["gpu"].iloc[0],
+                    "utc": part["utc"].max()})  # fmt: skip
     return out
+
+
+def _verdict_ratio(h: dict) -> float:
+    return float("nan") if h["missing"] else h["ratio"]
+
+
+def _baseline_name(h: dict) -> str:
+    name = "not measured" if h["base"] is None else h["base"]["variant"]
+    return name + (f" ({', '.join(h['missing'])} not run)" if h["missing"] else "")
 
 
 def _headline_table(df: pd.DataFrame) -> str:
     rows = []
     for h in headline_rows(df):
         custom, base, goal = h["custom"], h["base"], h["goal"]
-        verdict = Verdict("12_matrix", "", "", "", h["ratio"], goal, h["gpu"], h["utc"]).verdict()
+        verdict = Verdict("12_matrix", "", "", "", _verdict_ratio(h), goal, h["gpu"], h["utc"]).verdict()
+        if h["missing"]:
+            verdict = f"no verdict: {', '.join(h['missing'])} not run"
         rows.append({
             "shape": h["shape"], "dtype": h["dtype"],
             "fastest custom": "not measured" if custom is None else custom["variant"],
             "custom tokens/s": "" if custom is None else f"{float(custom['tokens_per_s']):,.0f}",
-            "best baseline": "not measured" if base is None else base["variant"],
+            "best baseline": _baseline_name(h),
             "baseline tokens/s": "" if base is None else f"{float(base['tokens_per_s']):,.0f}",
             "speedup": "not measured" if pd.isna(h["ratio"]) else f"{h['ratio']:.2f}×",
             "goal": "" if goal is None else f"≥ {goal:g}×",
@@ -215,8 +231,8 @@ def headline(df: pd.DataFrame) -> list[Verdict]:
             "12_matrix",
             f"fastest custom / best baseline tokens/s, {h['shape']}, {h['dtype']}",
             "not measured" if h["custom"] is None else h["custom"]["variant"],
-            "not measured" if h["base"] is None else h["base"]["variant"],
-            h["ratio"],
+            _baseline_name(h),
+            _verdict_ratio(h),
             h["goal"],
             h["gpu"],
             h["utc"],

@@ -94,6 +94,8 @@ def _gpu_rows() -> pd.DataFrame:
 
     add("small", "sdpa-cudnn", 90.0)
     add("small", "compile+sdpa-cudnn", 27.6)
+    add("small", "sdpa-flash", 91.0)
+    add("small", "compile+sdpa-flash", 28.0)
     add("small", "custom-bf16-fused", 20.0)
     add("small", "compile+custom-bf16-fused", None, status="error")
     add("mid", "sdpa-cudnn", 150.0)
@@ -135,6 +137,17 @@ def test_without_measurements_the_headline_says_not_measured(tmp_path):
     rows = rows.loc[rows["variant"] == "compile+custom-bf16-fused"]
     text = report.render(rows, Figures("12_matrix", tmp_path, GPU))
     assert "not measured" in text.split("## Tokens/s")[0]
+
+
+def test_a_run_without_a_goal_baseline_has_no_verdict(tmp_path):
+    # Eager cuDNN alone beside ours at mid: compile+sdpa-cudnn, which may be the best, did not run.
+    report = phase_module("12", "report")
+    rows = _gpu_rows()
+    rows = rows.loc[(rows["shape"] == "mid") & (rows["variant"] != "compile+sdpa-cudnn")]
+    mid = report.headline(rows)[0]
+    assert mid.baseline == "sdpa-cudnn (compile+sdpa-cudnn not run)" and mid.verdict() == "not measured"
+    text = report.render(rows, Figures("12_matrix", tmp_path, GPU)).split("## Tokens/s")[0]
+    assert "1.36×" in text and "no verdict: compile+sdpa-cudnn not run" in text and "met" not in text
 
 
 def test_a_run_of_a_few_variants_does_not_hide_the_complete_run(tmp_path, monkeypatch):
