@@ -28,7 +28,9 @@ GOALS = {"small": 1.2, "mid": 1.15, "large": 1.15}
 GOAL_BASELINES = {"small": BASELINES, "mid": ("sdpa-cudnn", "compile+sdpa-cudnn"),
                   "large": ("sdpa-cudnn", "compile+sdpa-cudnn")}  # fmt: skip
 # sdpa-math is a reference, not a baseline a user would pick: a run may leave it out.
-NEEDED_BASELINES = {shape: tuple(b for b in names if b != "sdpa-math") for shape, names in GOAL_BASELINES.items()}
+NEEDED_BASELINES = {
+    shape: tuple(b for b in names if b != "sdpa-math") for shape, names in GOAL_BASELINES.items()
+}
 TABLE = ["shape", "batch", "dtype", "variant", "step_ms", "step_p20_ms", "step_p80_ms", "forward_ms",
          "backward_ms", "optimizer_ms", "tokens_per_s", "peak_mem_gb", "speedup_vs_sdpa_cudnn",
          "speedup_vs_best_baseline", "loss_rel_err", "grad_max_rel_err", "loss_first", "loss_last",

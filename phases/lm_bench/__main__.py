@@ -318,6 +318,9 @@ def main(argv=None) -> None:
         elif args.part == "warmup":
             run_cells(writer, warmup_cells(*grid, attention=args.attention, **shared), on_row=print_step)
         else:
+            from common.timing import compile_in_process
+
+            compile_in_process()  # compile-sdpa's compile: no pool of workers beside the timed steps
             cells = ours_cells(*grid, warmup=args.warmup, variants=args.variants, **shared)
             run_cells(writer, cells, total=ours_total(*grid, variants=args.variants), on_row=print_step)
 

@@ -38,9 +38,11 @@ CPU_SIZES = ("tiny",)
 CPU_CONTEXTS = (32,)
 CPU_MAX_CONTEXT = 64
 WARMUP_STEPS = (0, 1, 2, 5)
-# The eager baselines of `ours`: the course's naive attention, and PyTorch's SDPA; "+flce" puts the
-# fused linear cross-entropy head (no full logits) on a variant.
-OURS_VARIANTS = ("eager-naive", "eager-sdpa", "ours", "ours+flce")
+# The baselines of `ours`: eager with the course's naive attention and with PyTorch's SDPA, and the
+# SDPA model's loss under torch.compile. "+flce" puts the fused linear cross-entropy head (no full
+# logits) on ours; "+graphs" replays ours' whole train step (forward, backward, AdamW) from one CUDA
+# graph (tritonlab.graphs.GraphedStep), which takes the host out of the step.
+OURS_VARIANTS = ("eager-naive", "eager-sdpa", "compile-sdpa", "ours", "ours+flce", "ours+graphs")
 # Loss and gradient agreement of `ours` with PyTorch's components (relative, over the whole tensor).
 CHECK_TOL = {"fp32": (1e-4, 1e-3), "bf16": (2e-2, 6e-2)}
 
@@ -51,19 +53,31 @@ def autocast(dtype: str):
 
 
 def components_for(variant: str) -> LMComponents:
-    """``ours``, ``eager-<attention>``, either with ``+flce``: the fused linear cross-entropy head."""
-    base, fused = variant.removesuffix("+flce"), variant.endswith("+flce")
+    """``ours`` (``+graphs``: the same components), ``eager-<attention>`` or ``compile-<attention>``,
+    either with ``+flce``: the fused linear cross-entropy head."""
+    base, fused = variant.removesuffix("+graphs").removesuffix("+flce"), variant.endswith("+flce")
     head = "fused" if fused else "logits"
     if base == "ours":
         return our_components(head=head)
-    return torch_components(base.removeprefix("eager-"), head=head)
+    return torch_components(base.split("-", 1)[1], head=head)
+
+
+def skip_reason(variant: str, mode: str) -> str | None:
+    """Why ``variant`` has no ``mode`` cell here (a "skipped" row), or None."""
+    if variant.endswith("+graphs") and mode != "train":
+        return f"{variant}: the CUDA graph captures the whole train step; mode {mode} has no graphed form"
+    if variant.endswith("+graphs") and DEVICE.type != "cuda":
+        return f"{variant}: CUDA graphs need a CUDA GPU"
+    if variant.startswith("compile-") and DEVICE.type != "cuda":
+        return f"{variant}: torch.compile is timed on a GPU only (the CPU run stays a quick check)"
+    return None
 
 
 @dataclass
 class Plan:
     """One timed cell."""
 
-    variant: str  # the components: eager-naive, eager-sdpa, ours; +flce for the fused head
+    variant: str  # one of OURS_VARIANTS (timing and warmup: eager-naive or eager-sdpa)
     size: str
     context: int
     mode: str
@@ -75,8 +89,11 @@ class Plan:
 
 def make_step(model: TransformerLM, plan: Plan) -> Callable[[], None]:
     """One step of ``plan.mode`` on a fixed random batch: forward only (no autograd graph kept),
-    forward and backward, or forward, backward and AdamW."""
+    forward and backward, or forward, backward and AdamW (``+graphs``: that train step captured in
+    one CUDA graph after ``plan.warmup`` warm-up steps, and replayed)."""
     tokens, targets = random_batch(model.cfg, plan.batch, plan.context, device=DEVICE)
+    if plan.variant.endswith("+graphs"):
+        return _graphed_step(model, plan, tokens, targets)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if plan.mode == "train" else None
 
     def step() -> None:
@@ -90,6 +107,22 @@ def make_step(model: TransformerLM, plan: Plan) -> Callable[[], None]:
         if optimizer is not None:
             optimizer.step()
         model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _graphed_step(model: TransformerLM, plan: Plan, tokens, targets) -> Callable[[], None]:
+    """The train step as one CUDA graph: the same AdamW (the default multi-tensor one) with
+    ``capturable=True``, its state on the GPU; the graph's warm-up steps (which tune our kernels)
+    are undone before capture, so the replays train from the model's first step."""
+    from tritonlab.graphs import GraphedStep
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)
+    graphed = GraphedStep(model, optimizer, model.loss, (tokens, targets), warmup=max(plan.warmup, 1),
+                          autocast_dtype=DTYPES[plan.dtype])  # fmt: skip
+
+    def step() -> None:
+        graphed.step(tokens, targets)
 
     return step
 
@@ -124,13 +157,25 @@ def step_row(times: list[float], plan: Plan) -> dict:
 
 
 def run_plan(plan: Plan) -> dict:
-    """Build the model on the device, time its steps, return the row's measurements."""
+    """Build the model on the device, time its steps, return the row's measurements. ``compile-``:
+    the model's loss (forward and cross-entropy) under ``torch.compile``, compiled by the first
+    warm-up step; ``+graphs``: the graph's warm-up and capture happen before the warm-up steps."""
+    reason = skip_reason(plan.variant, plan.mode)
+    if reason:
+        return {"status": "skipped", "error": reason}
     cfg = lm_config(plan.size, plan.context)
+    if plan.variant.startswith("compile-"):
+        torch._dynamo.reset()  # a fresh model must not hit the recompile limit and fall back to eager
     with measure_peak_memory() as mem:
         torch.manual_seed(0)
         with DEVICE:
             model = TransformerLM(cfg, components_for(plan.variant))
-        times = time_steps(make_step(model, plan), plan.warmup, plan.steps)
+        if plan.variant.startswith("compile-"):
+            model.loss = torch.compile(model.loss)
+        compiled = plan.variant.startswith("compile-")  # its first step compiles: never timed
+        times = time_steps(
+            make_step(model, plan), max(plan.warmup, 1) if compiled else plan.warmup, plan.steps
+        )
     return {**step_row(times, plan), "peak_mem_gb": mem.peak_gb}
 
 

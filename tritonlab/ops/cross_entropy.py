@@ -566,9 +566,17 @@ _PINNED_STATS: dict = {}
 
 
 def _stats_to_host(stats: torch.Tensor):
-    """Start copying the counts to the host; returns what ``_out_of_range_count`` waits on."""
+    """Start copying the counts to the host; returns what ``_out_of_range_count`` waits on. While a
+    CUDA graph captures, nothing may come back to the host: the check is then a device-side
+    assertion, as F.cross_entropy's own on CUDA (an out-of-range target in a replay stops the
+    process with a device assert, never a wrong loss), and there is nothing to wait on (None)."""
     if INTERPRET:
         return stats
+    if torch.cuda.is_current_stream_capturing():
+        torch._assert_async(
+            stats[1] == 0, "cross_entropy: a target is outside [0, vocab) and not ignore_index"
+        )
+        return None
     pinned = _PINNED_STATS.get(stats.device)
     if pinned is None:
         pinned = _PINNED_STATS[stats.device] = torch.empty(2, dtype=torch.int32, pin_memory=True)
@@ -579,6 +587,8 @@ def _stats_to_host(stats: torch.Tensor):
 
 
 def _out_of_range_count(stats_seen) -> int:
+    if stats_seen is None:  # checked on the device (graph capture)
+        return 0
     if INTERPRET:
         return int(stats_seen[1])
     pinned, copied = stats_seen
@@ -628,7 +638,9 @@ def cross_entropy(
     A target outside [0, V) that is not ``ignore_index`` raises ``ValueError``. Finding out reads a
     count from the device: one wait per call for a small kernel queued before the main one (the GPU
     never idles for it); ``check_targets=False`` skips it for callers that validate targets upstream:
-    such a row's loss and gradient are then NaN. All other checks read no device memory.
+    such a row's loss and gradient are then NaN. Inside a CUDA graph capture the check is a
+    device-side assertion instead (as F.cross_entropy's on CUDA), so a captured training step
+    (``tritonlab.graphs.GraphedStep``) keeps it. All other checks read no device memory.
     """
     options = CrossEntropyOptions(weight, label_smoothing, softcap, lse_square_scale)
     _check(logits, target, ignore_index, reduction, options)
