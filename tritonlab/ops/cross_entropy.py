@@ -212,6 +212,11 @@ def _softcapped(x, softcap, mask, HAS_SOFTCAP: tl.constexpr, FAST_TANH: tl.const
 
 
 @triton.jit
+def _add_pair(a, b, c, d):
+    return a + c, b + d
+
+
+@triton.jit
 def _row_stats(
     row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH
 ):
@@ -232,14 +237,18 @@ def _row_stats(
         mask = cols < n_cols
         z, _ = _softcapped(x.to(tl.float32), softcap, mask, HAS_SOFTCAP, FAST_TANH)
         new_max = tl.maximum(running_max, tl.max(z, axis=0))
-        running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(z - new_max), axis=0)
-        running_max = new_max
         if HAS_SMOOTHING:
+            # One two-operand reduction for the exponentials' and the logits' sums: one pass through
+            # shared memory and its barriers instead of two.
+            zs = tl.where(mask, z, 0.0)
             if HAS_WEIGHT:
-                w = tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
-                weighted_z += tl.sum(w * tl.where(mask, z, 0.0), axis=0)
-            else:
-                weighted_z += tl.sum(tl.where(mask, z, 0.0), axis=0)
+                zs *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
+            block_sum, block_z = tl.reduce((tl.exp(z - new_max), zs), 0, _add_pair)
+            weighted_z += block_z
+        else:
+            block_sum = tl.sum(tl.exp(z - new_max), axis=0)
+        running_sum = running_sum * tl.exp(running_max - new_max) + block_sum
+        running_max = new_max
         x = x_next
         cols = next_cols
     return running_max + tl.log(running_sum), weighted_z
