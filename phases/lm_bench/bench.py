@@ -10,7 +10,7 @@ time (``step_times_ms``, ';'-joined). Building the model and the steps run insid
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from common import DEVICE, Cell, check_close, measure_peak_memory
 from common.device import autocast as device_autocast
 from common.device import synchronize as sync
 from tritonlab.models import (  # the library's LM, as its package exports it: a declaration, not logic
+    LM_ATTENTIONS,
     LM_SIZES,
     LMComponents,
     TransformerLM,
@@ -42,7 +43,16 @@ WARMUP_STEPS = (0, 1, 2, 5)
 # SDPA model's loss under torch.compile. "+flce" puts the fused linear cross-entropy head (no full
 # logits) on ours; "+graphs" replays ours' whole train step (forward, backward, AdamW) from one CUDA
 # graph (tritonlab.graphs.GraphedStep), which takes the host out of the step.
-OURS_VARIANTS = ("eager-naive", "eager-sdpa", "compile-sdpa", "ours", "ours+flce", "ours+graphs")
+# "mixed+graphs": the same graphed step with PyTorch's SDPA attention in place of flash2's.
+OURS_VARIANTS = (
+    "eager-naive",
+    "eager-sdpa",
+    "compile-sdpa",
+    "ours",
+    "ours+flce",
+    "ours+graphs",
+    "mixed+graphs",
+)
 # Loss and gradient agreement of `ours` with PyTorch's components (relative, over the whole tensor).
 CHECK_TOL = {"fp32": (1e-4, 1e-3), "bf16": (2e-2, 6e-2)}
 
@@ -53,12 +63,15 @@ def autocast(dtype: str):
 
 
 def components_for(variant: str) -> LMComponents:
-    """``ours`` (``+graphs``: the same components), ``eager-<attention>`` or ``compile-<attention>``,
-    either with ``+flce``: the fused linear cross-entropy head."""
+    """``ours`` (``+graphs``: the same components), ``mixed`` (ours with SDPA attention),
+    ``eager-<attention>`` or ``compile-<attention>``, any with ``+flce``: the fused linear
+    cross-entropy head."""
     base, fused = variant.removesuffix("+graphs").removesuffix("+flce"), variant.endswith("+flce")
     head = "fused" if fused else "logits"
     if base == "ours":
         return our_components(head=head)
+    if base == "mixed":
+        return replace(our_components(head=head), attention=LM_ATTENTIONS["sdpa"])
     return torch_components(base.split("-", 1)[1], head=head)
 
 

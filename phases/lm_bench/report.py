@@ -25,7 +25,7 @@ GOAL_SIZES = ("medium", "large", "xl", "2.7B")
 GOAL_CONTEXTS = (512, 1024)
 EAGER = ["eager-naive", "eager-sdpa"]
 COMPILED = ["compile-sdpa"]
-OURS = ["ours", "ours+flce", "ours+graphs"]
+OURS = ["ours", "ours+flce", "ours+graphs", "mixed+graphs"]
 STEP_COLUMNS = ["mean_ms", "std_ms", "first_ms", "tokens_per_s", "peak_mem_gb"]
 
 
@@ -167,7 +167,8 @@ def _ours(rows: pd.DataFrame) -> str:
                    "SDPA model's loss under `torch.compile` (default mode), AdamW eager; `ours+flce` also fuses "
                    "the output layer into the loss; `ours+graphs` replays ours' whole train step -- forward, "
                    "backward and AdamW (`capturable=True`) -- from one CUDA graph "
-                   "(`tritonlab.graphs.GraphedStep`):\n\n"
+                   "(`tritonlab.graphs.GraphedStep`); `mixed+graphs` is that with PyTorch's SDPA attention in place of "
+                   "flash2's:\n\n"
                    + markdown_table(wide, [*cols, *speedups]))  # fmt: skip
     return "\n".join(out) + failures_table(rows.loc[rows["variant"] != "check"])
 

@@ -386,3 +386,15 @@ def test_the_kernel_table_leaves_out_the_ranges_gpu_side_entries(monkeypatch):
         [event("forward", 9.0, True), event("gemm", 3.0, False), event("softmax", 1.0, False)], 5
     )
     assert [r["kernel"] for r in table] == ["gemm", "softmax"] and table[0]["share"] == 0.75
+
+
+def test_the_variants_components_and_their_skip_reasons():
+    bench = phase_module("lm_bench", "bench")
+    from tritonlab.models.lm import flash_causal_attention, sdpa_causal_attention
+
+    mixed, ours = bench.components_for("mixed+graphs"), bench.components_for("ours+graphs")
+    assert mixed.attention is sdpa_causal_attention and ours.attention is flash_causal_attention
+    assert mixed.norm is ours.norm and mixed.loss is ours.loss and mixed.head_loss is None
+    assert bench.components_for("compile-sdpa").attention is sdpa_causal_attention
+    assert "train step" in bench.skip_reason("ours+graphs", "forward")
+    assert bench.skip_reason("eager-sdpa", "train") is None
