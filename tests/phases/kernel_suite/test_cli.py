@@ -79,9 +79,16 @@ def test_tune_sweeps_run_and_are_checked():
     bench = phase_module("kernel_suite", "bench")
     writer = ResultWriter("kernel_suite", subdir="tune")
     rows = run_cells(writer, bench.tune_cells("fp32", {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}))
-    # cross-entropy twice (the plain loss and the options kernel), RMSNorm's backward once
-    assert len(rows) == 2 * len(bench.CE_SETTINGS) + len(bench.RMS_SETTINGS)
+    # cross-entropy four times (the plain loss; the options kernel all on, smoothing, softcap),
+    # RMSNorm's backward once
+    assert len(rows) == 4 * len(bench.CE_SETTINGS) + len(bench.RMS_SETTINGS)
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
     kernels = [r["kernel"] for r in rows]
-    assert kernels.count("cross_entropy") == kernels.count("cross_entropy_options") == len(bench.CE_SETTINGS)
+    for kernel in (
+        "cross_entropy",
+        "cross_entropy_options",
+        "cross_entropy_smoothing",
+        "cross_entropy_softcap",
+    ):
+        assert kernels.count(kernel) == len(bench.CE_SETTINGS)
     assert writer.path.parent.name == "tune"  # kept out of the benchmark's tables
