@@ -29,7 +29,7 @@ each sweep-1 iteration moves ``block_bytes`` of logits -- 64 KB measured fastest
 bf16 on the H100 (3.60 ms against 3.95 ms at 32 KB: more bytes in flight per SM), so the block's
 *element* count follows the element size (32 768 bf16 logits, 16 384 float32 ones: the same bytes
 and registers per thread). Label smoothing with the softcap has settings of its own
-(``OPTIONS_SETTINGS``: 16 KB blocks, 16 warps, two rows per SM). The interpreter runs small blocks faster.
+(``OPTIONS_SETTINGS``: 32 KB blocks at 32 warps, no spills). The interpreter runs small blocks faster.
 """
 
 import math
@@ -58,15 +58,15 @@ class CrossEntropySettings:
 
 
 DEFAULT_SETTINGS = CrossEntropySettings()
-# Label smoothing and the softcap together (a third reduction and a tanh a logit in each sweep) make
-# the kernel bound by its instructions; at 32 warps a thread has 64 registers, and 64 KB blocks then
-# spill 272 bytes a thread (sm_90 ptxas). 16 KB blocks at 16 warps, two rows per SM spill nothing:
-# with every option on, 4.45 ms against 5.31 ms at 16384 x 128256 bf16 on the H100
-# (``kernel_suite --tune``). Each option alone runs faster on the plain loss's settings (smoothing
-# 3.72 against 4.32 ms, softcap 3.89 against 4.24, z-loss 3.30 against 4.26), so only the two
-# together take these.
+# Label smoothing and the softcap together (a tanh a logit in each sweep, the smoothing sum beside the
+# softmax's) make the kernel bound by its instructions; at 32 warps a thread has 64 registers, and
+# 64 KB blocks then spill (sm_90 ptxas). 32 KB blocks at 32 warps spill nothing (62 registers): with
+# every option on, 4.19 ms against 5.12 at 64 KB and 4.53 at 16 KB / 16 warps / two rows per SM, at
+# 16384 x 128256 bf16 on the H100 (``kernel_suite --tune``; the plain loss: 3.22). Each option alone
+# runs fastest on the plain loss's settings (smoothing 3.46 against 3.62 ms here, softcap 3.65
+# against 3.87), so only the two together take these.
 OPTIONS_SETTINGS = CrossEntropySettings(
-    block_bytes=2048 if INTERPRET else 16384, num_warps=16, programs_per_sm=2.0
+    block_bytes=4096 if INTERPRET else 32768, num_warps=32, programs_per_sm=1.0
 )
 
 

@@ -92,7 +92,7 @@ print(json.dumps(results))
 def test_the_options_kernel_spills_nothing_at_its_own_settings():
     # The subprocess runs without the interpreter, so it reads the GPU's settings.
     spills = json.loads(run_without_interpreter(_SPILLS).stdout.strip().splitlines()[-1])
-    # Every option on: the plain loss's 64 KB blocks at 32 warps spill; 16 KB at 16 warps do not.
+    # Every option on: the plain loss's 64 KB blocks at 32 warps spill; 32 KB blocks do not.
     assert spills["default"] > 0 and spills["options"] == 0, spills
 
 
