@@ -41,7 +41,6 @@ from torch.nn import functional as F
 
 from . import tuning, tuning_tables
 from ._gemm import compute_dtype, shared_memory_pruner
-from ._launch import tma_ok, use_descriptor_scratch
 from ._runtime import INTERPRET
 from .checks import check_offset_range, check_same, check_tensor
 from .tuning import ConfigRecord, dot_precision
@@ -65,17 +64,13 @@ def _fixed_slice_matmul_kernel(
     stride_dxt,
     stride_dxd,
     DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
     """dx[rows, cols] = dy[rows] @ w[:, cols] for rows < N_ROWS, 0 for the others; 1-D grid of
-    (row blocks of T) × (column blocks of D), row blocks grouped by GROUP_M for L2 reuse of w.
-    ``USE_TMA``: dy and w through tensor descriptors (Hopper's bulk copies; unit inner strides,
-    16-byte alignment): dy's descriptor spans the slice's N_ROWS rows only, so the copy engine
-    fills the rows past it with zeros."""
+    (row blocks of T) × (column blocks of D), row blocks grouped by GROUP_M for L2 reuse of w."""
     pid = tl.program_id(0)
     n_m = tl.cdiv(T, BLOCK_M)
     n_n = tl.cdiv(D, BLOCK_N)
@@ -92,30 +87,19 @@ def _fixed_slice_matmul_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # A row block wholly past the slice runs no K loop: it only stores its zero tile.
     k_end = tl.where(pid_m * BLOCK_M < N_ROWS, K, 0)
-    if USE_TMA:
-        # At least one row: a descriptor has no empty dimension (with N_ROWS = 0 nothing loads).
-        dy_desc = tl.make_tensor_descriptor(
-            dy_ptr, [tl.maximum(N_ROWS, 1), K], [stride_dyt, 1], [BLOCK_M, BLOCK_K]
+    for k0 in range(0, k_end, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(
+            dy_ptr + offs_m[:, None] * stride_dyt + k[None, :] * stride_dyk,
+            mask=in_slice[:, None] & (k < K)[None, :],
+            other=0.0,
         )
-        w_desc = tl.make_tensor_descriptor(w_ptr, [K, D], [stride_wk, 1], [BLOCK_K, BLOCK_N])
-        for k0 in range(0, k_end, BLOCK_K):
-            a = dy_desc.load([pid_m * BLOCK_M, k0])
-            b = w_desc.load([k0, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    else:
-        for k0 in range(0, k_end, BLOCK_K):
-            k = k0 + offs_k
-            a = tl.load(
-                dy_ptr + offs_m[:, None] * stride_dyt + k[None, :] * stride_dyk,
-                mask=in_slice[:, None] & (k < K)[None, :],
-                other=0.0,
-            )
-            b = tl.load(
-                w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wd,
-                mask=(k < K)[:, None] & (offs_n < D)[None, :],
-                other=0.0,
-            )
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        b = tl.load(
+            w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wd,
+            mask=(k < K)[:, None] & (offs_n < D)[None, :],
+            other=0.0,
+        )
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     tl.store(
         dx_ptr + offs_m[:, None] * stride_dxt + offs_n[None, :] * stride_dxd,
         acc.to(dx_ptr.dtype.element_ty),
@@ -124,19 +108,15 @@ def _fixed_slice_matmul_kernel(
 
 
 # --- config space ---------------------------------------------------------------------------------
-# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the usual Hopper GEMM tiles for 16-bit inputs, smaller
-# ones for BERT's few output tiles (4096 x 768 is 192 tiles of 128 x 128 on 132 SMs: 1.45 waves),
-# and two that 4-byte elements fit in shared memory with. The interpreter gets one small config (it
-# cannot time; small blocks make the tests' odd shapes cross block edges).
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the usual Hopper GEMM tiles for 16-bit inputs, and two
+# smaller ones that 4-byte elements fit in shared memory with. The interpreter gets one small config
+# (it cannot time; small blocks make the tests' odd shapes cross block edges).
 _TILES = [
     (128, 256, 64, 8, 3),
     (128, 128, 64, 8, 4),
     (128, 128, 64, 4, 4),
     (64, 128, 64, 4, 4),
     (128, 64, 64, 4, 4),
-    (64, 64, 64, 4, 4),
-    (128, 64, 128, 4, 3),
-    (64, 128, 128, 4, 3),
 ]
 _FALLBACK_TILES = [(128, 64, 32, 4, 3), (64, 64, 32, 4, 3)]
 _CPU_TILES = [(32, 32, 32, 1, 1)]
@@ -165,7 +145,7 @@ _fixed_slice_matmul = tuning_tables.autotune(
     (_configs(_CPU_TILES) if INTERPRET else _configs(_TILES)) + _FALLBACK,
     name="sparse_ffn.fixed_slice_matmul",
     phase="sparse_ffn",
-    key=["T", "N_ROWS", "K", "D", "DOT_PRECISION", "USE_TMA"],
+    key=["T", "N_ROWS", "K", "D", "DOT_PRECISION"],
     dtype_arg="dy_ptr",
     buckets={"T": tuning_tables.pow2_bucket, "N_ROWS": tuning_tables.pow2_bucket},
     prune_configs_by={"early_config_prune": shared_memory_pruner(_smem, "dy_ptr", _FALLBACK)},
@@ -209,12 +189,9 @@ def fixed_slice_matmul(dy: Tensor, w: Tensor, n_rows: int, *, record: ConfigReco
     def grid(meta):
         return (triton.cdiv(T, meta["BLOCK_M"]) * triton.cdiv(D, meta["BLOCK_N"]),)
 
-    use_tma = tma_ok(dy, w) and (INTERPRET or torch.cuda.get_device_capability(dy.device) >= (9, 0))
-    if use_tma:
-        use_descriptor_scratch()
     _fixed_slice_matmul[grid](
         dy, w, dx, T, n_rows, K, D, *dy.stride(), *w.stride(), *dx.stride(),
-        DOT_PRECISION=dot_precision(dy.dtype), USE_TMA=use_tma,
+        DOT_PRECISION=dot_precision(dy.dtype),
     )  # fmt: skip
     if record is not None:
         record.note("fixed_slice_matmul", _fixed_slice_matmul.best_config)
