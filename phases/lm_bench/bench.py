@@ -178,18 +178,18 @@ def run_plan(plan: Plan) -> dict:
     if reason:
         return {"status": "skipped", "error": reason}
     cfg = lm_config(plan.size, plan.context)
-    if plan.variant.startswith("compile-"):
+    compiled = plan.variant.startswith("compile-")
+    if compiled:
         torch._dynamo.reset()  # a fresh model must not hit the recompile limit and fall back to eager
     with measure_peak_memory() as mem:
         torch.manual_seed(0)
         with DEVICE:
             model = TransformerLM(cfg, components_for(plan.variant))
-        if plan.variant.startswith("compile-"):
+        if compiled:
             model.loss = torch.compile(model.loss)
-        compiled = plan.variant.startswith("compile-")  # its first step compiles: never timed
-        times = time_steps(
-            make_step(model, plan), max(plan.warmup, 1) if compiled else plan.warmup, plan.steps
-        )
+        # A compiled model's first step compiles it: never a timed one.
+        warmup = max(plan.warmup, 1) if compiled else plan.warmup
+        times = time_steps(make_step(model, plan), warmup, plan.steps)
     return {**step_row(times, plan), "peak_mem_gb": mem.peak_gb}
 
 
