@@ -75,8 +75,11 @@ def test_a_wrong_result_is_a_failure_row_and_the_sweep_goes_on(monkeypatch):
     assert "exceeds" in rows[0]["error"]
 
 
-def test_tune_sweeps_run_and_are_checked():
+def test_tune_sweeps_run_and_are_checked(monkeypatch):
     bench = phase_module("kernel_suite", "bench")
+    # Two settings of each list: every kernel's sweep runs and is checked (the interpreter is slow).
+    monkeypatch.setattr(bench, "CE_SETTINGS", bench.CE_SETTINGS[:2])
+    monkeypatch.setattr(bench, "RMS_SETTINGS", bench.RMS_SETTINGS[:2])
     writer = ResultWriter("kernel_suite", subdir="tune")
     rows = run_cells(writer, bench.tune_cells("fp32", {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}))
     # cross-entropy four times (the plain loss; the options kernel all on, smoothing, softcap),
