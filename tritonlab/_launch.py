@@ -73,6 +73,15 @@ def launch_compiled(kernel, grid: tuple[int, int, int], args: tuple) -> None:
                knobs.runtime.launch_exit_hook, *args)  # fmt: skip
 
 
+def first_launch(tensors: tuple, kernel, grid: tuple, scalars: tuple, constexprs: dict) -> tuple:
+    """``kernel[grid](*tensors, *scalars, **constexprs)`` through Triton's launcher -- the first call
+    of a signature, which compiles -- and what ``LaunchCache`` keeps for the direct launches after
+    it. ``constexprs`` may hold launch options (``num_warps``) beside the kernel's constexprs."""
+    compiled = kernel[grid](*tensors, *scalars, **constexprs)
+    tail = scalars + constexpr_tail(kernel, len(tensors) + len(scalars), constexprs)
+    return compiled, (*grid, 1, 1)[:3], tail, None
+
+
 def autotune_for_launch(tensors: tuple, autotuner, grid, shape_args: tuple, meta: dict) -> tuple:
     """Run ``autotuner`` (a ``triton.autotune`` kernel) on ``tensors + shape_args`` and return what
     ``LaunchCache`` keeps for later direct launches: the compiled kernel of the chosen config, its

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from ._launch import LaunchCache, constexpr_tail, signature_key
+from ._launch import LaunchCache, first_launch, signature_key
 from ._runtime import INTERPRET, sm_count
 from .checks import check_offset_range, check_tensor
 
@@ -316,19 +316,12 @@ def _launch_constants(K: int, block_t: int, num_warps: int) -> dict:
     }
 
 
-def _compile_and_launch(tensors: tuple, kernel, n_programs: int, scalars: tuple, constexprs: dict) -> tuple:
-    """The first launch of a signature, through Triton's launcher; what ``LaunchCache`` keeps."""
-    compiled = kernel[(n_programs,)](*tensors, *scalars, **constexprs)
-    tail = scalars + constexpr_tail(kernel, len(tensors) + len(scalars), constexprs)
-    return compiled, (n_programs, 1, 1), tail, None
-
-
 # Triton's launcher re-derives on every call how each argument specialises the binary; here every
 # argument follows from the layouts of the caller's tensors (the rest are fresh buffers of ours)
 # and the tile constants, so the compiled kernel is kept under those and launched directly
 # (tritonlab._launch): 2-10 µs less host time a launch, where an autograd step's host time is close
 # to the kernels' 0.28 ms at T = 4M.
-_LAUNCHES = LaunchCache(_compile_and_launch)
+_LAUNCHES = LaunchCache(first_launch)
 
 
 def _launch(
@@ -340,7 +333,7 @@ def _launch(
         kernel[(n_programs,)](*tensors, *scalars, **constexprs)
         return
     key = (kernel, signature_key(*layouts), constexprs["BLOCK_T"], constexprs["num_warps"])
-    _LAUNCHES.launch(key, tensors, kernel, n_programs, scalars, constexprs)
+    _LAUNCHES.launch(key, tensors, kernel, (n_programs,), scalars, constexprs)
 
 
 def _forward(params: Tensor, y: Tensor) -> Tensor:

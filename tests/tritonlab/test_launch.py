@@ -9,6 +9,7 @@ from tritonlab._launch import (
     LaunchCache,
     autotune_for_launch,
     constexpr_tail,
+    first_launch,
     signature_key,
     tma_ok,
     use_descriptor_scratch,
@@ -56,6 +57,25 @@ def test_autotune_for_launch_keeps_the_chosen_config_grid_and_arguments():
     kept = autotune_for_launch((x, 0.5), tuner, lambda c: (1000 // c["BLOCK"], 4), (1000,), {"HEAD_DIM": 16})
     assert tuner.ran == ((15, 4), (x, 0.5, 1000), {"HEAD_DIM": 16})  # the autotuner ran the call
     assert kept == ("compiled", (15, 4, 1), (1000, 16, 64), tuner.best_config)
+
+
+def test_first_launch_runs_the_kernel_and_keeps_its_3d_grid_and_arguments():
+    class Kernel:  # what it needs of a JIT function: indexing by a grid, arg_names
+        arg_names = ["X", "n", "HEAD_DIM", "BLOCK"]
+
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                self.ran = (grid, args, meta)
+                return "compiled"
+
+            return run
+
+    kernel, x = Kernel(), torch.zeros(3)
+    constexprs = {"BLOCK": 64, "HEAD_DIM": 16, "num_warps": 8}  # a launch option among them
+    kept = first_launch((x,), kernel, (5, 2), (1000,), constexprs)
+    assert kernel.ran == ((5, 2), (x, 1000), constexprs)
+    assert kept == ("compiled", (5, 2, 1), (1000, 16, 64), None)
+    assert first_launch((x,), kernel, (7,), (1,), constexprs)[1] == (7, 1, 1)
 
 
 def test_descriptor_scratch_is_set_in_the_calling_thread():

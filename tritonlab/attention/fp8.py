@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import LaunchCache, autotune_for_launch, constexpr_tail, signature_key, use_descriptor_scratch
+from .._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, use_descriptor_scratch
 from .._runtime import INTERPRET
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures
@@ -127,6 +127,19 @@ def _quantize_tile(x, EXACT_CAST: tl.constexpr):
     return _to_e4m3(x * (1.0 / scale), EXACT_CAST), scale
 
 
+@triton.jit
+def _quantize_centred(x, first, n, BLOCK: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """A tile of BLOCK rows from row ``first`` of ``n`` (rows past ``n`` read as zeros) less its
+    per-channel mean over the rows that exist, to e4m3: (x8, scale, mean), the mean fp32. e4m3's 3
+    bits then round what varies from row to row, not a common offset riding on it; rows past ``n``
+    count in neither the mean nor the scale."""
+    x = x.to(tl.float32)
+    rows = first + tl.arange(0, BLOCK)
+    mean = tl.sum(x, 0) / tl.minimum(n - first, BLOCK).to(tl.float32)
+    x8, scale = _quantize_tile(tl.where((rows < n)[:, None], x - mean[None, :], 0.0), EXACT_CAST)
+    return x8, scale, mean
+
+
 # --- 1. K and V to e4m3, per block of KV_BLOCK keys; V written transposed -------------------------
 
 
@@ -148,11 +161,7 @@ def _quantize_kv_kernel(
     k8, k_scale = _quantize_tile(k, EXACT_CAST)
     keys = col + tl.arange(0, BLOCK)
     dims = tl.arange(0, HEAD_DIM)
-    # V less its per-channel mean over the block's keys: e4m3's 3 bits then round what varies from
-    # key to key, not a common offset riding on it (the padding, zeros, counts in neither).
-    v = v.to(tl.float32)
-    v_mean = tl.sum(v, 0) / tl.minimum(Lk - col, BLOCK).to(tl.float32)
-    v8, v_scale = _quantize_tile(tl.where((keys < Lk)[:, None], v - v_mean[None, :], 0.0), EXACT_CAST)
+    v8, v_scale, v_mean = _quantize_centred(v, col, Lk, BLOCK, EXACT_CAST)
     tl.store(K8 + bh * Lk_pad * HEAD_DIM + keys[:, None] * HEAD_DIM + dims[None, :], k8)
     tl.store(V8T + bh * HEAD_DIM * Lk_pad + dims[:, None] * Lk_pad + keys[None, :], tl.trans(v8))
     tl.store(KS + bh * n_blocks + pid_n, k_scale)
@@ -160,18 +169,11 @@ def _quantize_kv_kernel(
     tl.store(VM + (bh * n_blocks + pid_n) * HEAD_DIM + dims, v_mean)
 
 
-def _first_quantize(tensors: tuple, grid: tuple, shape_args: tuple, meta: dict) -> tuple:
-    """Compile and run the quantisation for a new call signature; what ``LaunchCache`` keeps."""
-    compiled = _quantize_kv_kernel[grid](*tensors, *shape_args, **meta, num_warps=_QUANTIZE_WARPS)
-    tail = shape_args + constexpr_tail(_quantize_kv_kernel, len(tensors) + len(shape_args), meta)
-    return compiled, (*grid, 1), tail, None
-
-
 # 8 warps: at D = 128, 4 spill (ptxas, sm_90a: 404 bytes); 8 use 207 registers and spill nothing.
 _QUANTIZE_WARPS = 8
-# Per signature of k and v (the outputs' layouts follow from their shapes): the compiled kernel,
-# launched directly after the first call, as the forward's.
-_QUANTIZE_LAUNCHES = LaunchCache(_first_quantize)
+# Per signature of k and v (the outputs' layouts follow from their shapes), and of the tensor the
+# backward dequantises: the compiled kernel, launched directly after the first call, as the forward's.
+_DIRECT_LAUNCHES = LaunchCache(first_launch)
 
 
 def _quantize_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -192,7 +194,10 @@ def _quantize_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if INTERPRET:
         _quantize_kv_kernel[(n_blocks, B * H)](*tensors, *shape_args, **meta)
     else:
-        _QUANTIZE_LAUNCHES.launch(signature_key(k, v), tensors, (n_blocks, B * H), shape_args, meta)
+        _DIRECT_LAUNCHES.launch(
+            (_quantize_kv_kernel, signature_key(k, v)), tensors, _quantize_kv_kernel, (n_blocks, B * H),
+            shape_args, {**meta, "num_warps": _QUANTIZE_WARPS},
+        )  # fmt: skip
     return k8, k_scales, v8t, v_scales, v_means
 
 
@@ -212,25 +217,13 @@ def _dequantize_kernel(
     rows = row + tl.arange(0, BLOCK)
     dims = tl.arange(0, HEAD_DIM)
     if CENTRED:
-        x = x.to(tl.float32)
-        mean = tl.sum(x, 0) / tl.minimum(L - row, BLOCK).to(tl.float32)
-        x8, scale = _quantize_tile(tl.where((rows < L)[:, None], x - mean[None, :], 0.0), EXACT_CAST)
+        x8, scale, mean = _quantize_centred(x, row, L, BLOCK, EXACT_CAST)
         x_hat = x8.to(tl.float32) * scale + mean[None, :]
     else:
         x8, scale = _quantize_tile(x, EXACT_CAST)
         x_hat = x8.to(tl.float32) * scale
     out = XD + pid_bh.to(tl.int64) * L * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
     tl.store(out, x_hat.to(XD.dtype.element_ty), mask=(rows < L)[:, None])
-
-
-def _first_dequantize(tensors: tuple, grid: tuple, shape_args: tuple, meta: dict) -> tuple:
-    """Compile and run the dequantisation for a new call signature; what ``LaunchCache`` keeps."""
-    compiled = _dequantize_kernel[grid](*tensors, *shape_args, **meta, num_warps=_QUANTIZE_WARPS)
-    tail = shape_args + constexpr_tail(_dequantize_kernel, len(tensors) + len(shape_args), meta)
-    return compiled, (*grid, 1), tail, None
-
-
-_DEQUANTIZE_LAUNCHES = LaunchCache(_first_dequantize)
 
 
 def _dequantize(x: torch.Tensor, block: int, centred: bool = False) -> torch.Tensor:
@@ -247,7 +240,10 @@ def _dequantize(x: torch.Tensor, block: int, centred: bool = False) -> torch.Ten
     if INTERPRET:
         _dequantize_kernel[grid](*tensors, *shape_args, **meta)
     else:
-        _DEQUANTIZE_LAUNCHES.launch((signature_key(x), block, centred), tensors, grid, shape_args, meta)
+        _DIRECT_LAUNCHES.launch(
+            (_dequantize_kernel, signature_key(x), block, centred), tensors, _dequantize_kernel, grid,
+            shape_args, {**meta, "num_warps": _QUANTIZE_WARPS},
+        )  # fmt: skip
     return out
 
 
