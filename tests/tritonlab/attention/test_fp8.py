@@ -405,8 +405,20 @@ import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tritonlab.attention.fp8 import KV_BLOCK, _SEARCH_SPACE, _fp8_fwd_kernel
+from tritonlab.attention.fp8 import (KV_BLOCK, _QUANTIZE_WARPS, _SEARCH_SPACE, _dequantize_kernel, _fp8_fwd_kernel,
+                                     _quantize_kv_kernel)
 from tritonlab.tuning import ptxas_report
+
+
+def build(kernel, pointers, consts, **options):  # the sm_90a build: PTX, ptxas' registers and spills
+    sig = {n: "i32" for n in kernel.arg_names}
+    sig.update(pointers, **{c: "constexpr" for c in consts})
+    out = triton.compile(ASTSource(kernel, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                         options=options)
+    report = ptxas_report(out.asm["ptx"], "sm_90a")
+    return out.asm["ptx"], {"registers": report["registers"],
+                            "spill_bytes": report["spill_stores"] + report["spill_loads"]}
+
 
 wanted = json.loads(sys.argv[1])
 results = []
@@ -416,43 +428,22 @@ for bm, bn, warps, stages, loader, dims in _SEARCH_SPACE:
             continue
         consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, KV_BLOCK=KV_BLOCK, USE_TMA=loader == "tma",
                       EXACT_CAST=False)
-        sig = {n: "i32" for n in _fp8_fwd_kernel.arg_names}
-        sig.update(Q="*bf16", K8="*fp8e4nv", V8T="*fp8e4nv", KS="*fp32", VS="*fp32", VM="*fp32", O="*bf16",
-                   LSE="*fp32", qk_scale="fp32", **{c: "constexpr" for c in consts})
-        out = triton.compile(ASTSource(_fp8_fwd_kernel, signature=sig, constexprs=consts),
-                             target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-        ptx = out.asm["ptx"]
-        report = ptxas_report(ptx, "sm_90a")
+        pointers = dict(Q="*bf16", K8="*fp8e4nv", V8T="*fp8e4nv", KS="*fp32", VS="*fp32", VM="*fp32", O="*bf16",
+                        LSE="*fp32", qk_scale="fp32")
+        ptx, report = build(_fp8_fwd_kernel, pointers, consts, num_warps=warps, num_stages=stages)
         results.append({"config": [bm, bn, warps, stages, loader, d],
                         "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\S*e4m3\.e4m3", ptx))),
-                        "satfinite": "cvt.rn.satfinite.e4m3x2.f32" in ptx,
-                        "registers": report["registers"],
-                        "spill_bytes": report["spill_stores"] + report["spill_loads"]})
-from tritonlab.attention.fp8 import _QUANTIZE_WARPS, _quantize_kv_kernel
-
+                        "satfinite": "cvt.rn.satfinite.e4m3x2.f32" in ptx, **report})
 for d in (64, 128):  # the quantisation launch, at both head dims
+    pointers = dict(K="*bf16", V="*bf16", K8="*fp8e4nv", V8T="*fp8e4nv", KS="*fp32", VS="*fp32", VM="*fp32")
     consts = dict(HEAD_DIM=d, BLOCK=KV_BLOCK, EXACT_CAST=False)
-    sig = {n: "i32" for n in _quantize_kv_kernel.arg_names}
-    sig.update(K="*bf16", V="*bf16", K8="*fp8e4nv", V8T="*fp8e4nv", KS="*fp32", VS="*fp32", VM="*fp32",
-               **{c: "constexpr" for c in consts})
-    out = triton.compile(ASTSource(_quantize_kv_kernel, signature=sig, constexprs=consts),
-                         target=GPUTarget("cuda", 90, 32), options={"num_warps": _QUANTIZE_WARPS})
-    report = ptxas_report(out.asm["ptx"], "sm_90a")
-    results.append({"config": ["quantize", d], "spill_bytes": report["spill_stores"] + report["spill_loads"],
-                    "registers": report["registers"]})
-from tritonlab.attention.fp8 import _dequantize_kernel
-
+    _, report = build(_quantize_kv_kernel, pointers, consts, num_warps=_QUANTIZE_WARPS)
+    results.append({"config": ["quantize", d], **report})
 for d in (64, 128):  # the backward's dequantisation, Q's (plain) and V's (centred)
     for centred in (False, True):
         consts = dict(HEAD_DIM=d, BLOCK=KV_BLOCK, CENTRED=centred, EXACT_CAST=False)
-        sig = {n: "i32" for n in _dequantize_kernel.arg_names}
-        sig.update(X="*bf16", XD="*bf16", **{c: "constexpr" for c in consts})
-        out = triton.compile(ASTSource(_dequantize_kernel, signature=sig, constexprs=consts),
-                             target=GPUTarget("cuda", 90, 32), options={"num_warps": _QUANTIZE_WARPS})
-        report = ptxas_report(out.asm["ptx"], "sm_90a")
-        results.append({"config": ["dequantize", d, centred],
-                        "spill_bytes": report["spill_stores"] + report["spill_loads"],
-                        "registers": report["registers"]})
+        _, report = build(_dequantize_kernel, dict(X="*bf16", XD="*bf16"), consts, num_warps=_QUANTIZE_WARPS)
+        results.append({"config": ["dequantize", d, centred], **report})
 print(json.dumps(results))
 """
 
