@@ -248,7 +248,9 @@ def failures_table(df: pd.DataFrame) -> str:
     failed = df.loc[df["status"] != "ok"]
     if failed.empty:
         return ""
-    cols = [c for c in ["gpu", "variant", "shape", "dtype", "status", "error"] if c in failed]
+    # context and mode (lm_bench) say which cell of a shape failed, where the rows have them
+    cols = ["gpu", "variant", "shape", "context", "mode", "dtype", "status", "error"]
+    cols = [c for c in cols if c in failed and failed[c].notna().any()]
     if "error" in failed:
         failed = failed.assign(error=failed["error"].map(one_line))
     return "\n### Cells that did not finish\n\n" + markdown_table(failed, cols)

@@ -398,3 +398,20 @@ def test_the_variants_components_and_their_skip_reasons():
     assert bench.components_for("compile-sdpa").attention is sdpa_causal_attention
     assert "train step" in bench.skip_reason("ours+graphs", "forward")
     assert bench.skip_reason("eager-sdpa", "train") is None
+
+
+def test_a_gpu_without_the_ours_part_gets_one_not_run_line():
+    report = phase_module("lm_bench", "report")
+    rows = _gpu_rows()
+    verdicts = report.headline(rows.loc[rows["part"] != "ours"])
+    assert len(verdicts) == 1
+    assert "did not run" in verdicts[0].cell and verdicts[0].verdict() == "not measured"
+
+
+def test_cells_that_did_not_finish_name_their_context_and_mode(tmp_path):
+    report = phase_module("lm_bench", "report")
+    text = report.render(_gpu_rows(), Figures("lm_bench", tmp_path, GPU))
+    failed = text.split("### Cells that did not finish")[1]
+    header = failed.strip().splitlines()[0]
+    assert "context" in header and "mode" in header
+    assert "| 1,024 " in failed or "| 1024 " in failed
