@@ -8,9 +8,10 @@ PY := env_var_or_default("PY", "uv run python")
 phase NAME *ARGS:
     {{PY}} -m phases {{NAME}} {{ARGS}}
 
-# CPU test suite (Triton interpreter mode); extra pytest arguments pass through
+# CPU test suite (Triton interpreter mode), one pytest-xdist worker per core up to four (the Slurm
+# tests share one); extra pytest arguments pass through (`-n 0` runs it in one process)
 test *ARGS:
-    TRITON_INTERPRET=1 {{PY}} -m pytest -m "not gpu" -q {{ARGS}}
+    TRITON_INTERPRET=1 {{PY}} -m pytest -m "not gpu" -q -n auto --maxprocesses 4 --dist loadgroup {{ARGS}}
 
 # GPU tests (real kernels, bf16 and float32 against float64): on a CUDA machine
 test-gpu *ARGS:

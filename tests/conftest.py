@@ -34,6 +34,11 @@ def pytest_collection_modifyitems(config, items):
         k, n = shard_of(shard)
         config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k])
         items[:] = [item for i, item in enumerate(items) if i % n == k]
+    # Under xdist (`just test` runs one worker per core) the Slurm tests share one worker: their
+    # session-scoped local cluster can run only once on a host.
+    for item in items:
+        if "slurm" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `just test-gpu` on one)")
