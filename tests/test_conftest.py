@@ -60,3 +60,18 @@ def test_shards_partition_the_tests_that_would_run(monkeypatch):
 def test_a_bad_shard_is_a_usage_error_naming_the_variable(value):
     with pytest.raises(pytest.UsageError, match="TRITONLAB_TEST_SHARD: expected K/N"):
         conftest.shard_of(value)
+
+
+def test_the_slurm_tests_share_one_xdist_worker(monkeypatch):
+    monkeypatch.delenv("TRITONLAB_TEST_SHARD", raising=False)
+    marks = {}
+
+    def item(name, keywords):
+        return types.SimpleNamespace(
+            name=name, keywords=keywords, add_marker=lambda m: marks.setdefault(name, m)
+        )
+
+    items = [item("cluster", {"slurm": True}), item("kernel", {})]
+    conftest.pytest_collection_modifyitems(types.SimpleNamespace(), items)
+    assert marks["cluster"].name == "xdist_group" and marks["cluster"].args == ("slurm",)
+    assert "kernel" not in marks
