@@ -569,11 +569,6 @@ def _check(logits, target, ignore_index, reduction, options: CrossEntropyOptions
         raise ValueError(f"lse_square_scale: expected a finite number >= 0, got {scale!r}")
 
 
-# Per device, a page-locked landing buffer for the two counts; each call reads it before returning,
-# so calls in sequence share it (calls on several streams at once would each need their own).
-_PINNED_STATS: dict = {}
-
-
 def _stats_to_host(stats: torch.Tensor):
     """Start copying the counts to the host; returns what ``_out_of_range_count`` waits on. While a
     CUDA graph captures, nothing may come back to the host: the check is then a device-side
@@ -586,9 +581,9 @@ def _stats_to_host(stats: torch.Tensor):
             stats[1] == 0, "cross_entropy: a target is outside [0, vocab) and not ignore_index"
         )
         return None
-    pinned = _PINNED_STATS.get(stats.device)
-    if pinned is None:
-        pinned = _PINNED_STATS[stats.device] = torch.empty(2, dtype=torch.int32, pin_memory=True)
+    # A page-locked landing buffer of the call's own, from PyTorch's caching host allocator (a reused
+    # block after the first call): no buffer shared between calls on different streams or threads.
+    pinned = torch.empty(2, dtype=torch.int32, pin_memory=True)
     pinned.copy_(stats, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
