@@ -44,10 +44,13 @@ WARMUP_STEPS = (0, 1, 2, 5)
 # logits) on ours; "+graphs" replays ours' whole train step (forward, backward, AdamW) from one CUDA
 # graph (tritonlab.graphs.GraphedStep), which takes the host out of the step.
 # "mixed+graphs": the same graphed step with PyTorch's SDPA attention in place of flash2's.
+# "compile-ro-sdpa": the SDPA model's loss under torch.compile(mode="reduce-overhead"), Inductor's own
+# CUDA graphs: the compiled counterpart of the graphed steps.
 OURS_VARIANTS = (
     "eager-naive",
     "eager-sdpa",
     "compile-sdpa",
+    "compile-ro-sdpa",
     "ours",
     "ours+flce",
     "ours+graphs",
@@ -62,17 +65,28 @@ def autocast(dtype: str):
     return device_autocast(DTYPES[dtype])
 
 
+# torch.compile's mode for each compiled variant's prefix (the longer prefix first).
+COMPILE_MODES = {"compile-ro-": "reduce-overhead", "compile-": "default"}
+
+
+def compile_mode(variant: str) -> tuple[str, str] | None:
+    """(prefix, torch.compile mode) of a ``compile-`` variant, None for an eager one."""
+    return next(((p, m) for p, m in COMPILE_MODES.items() if variant.startswith(p)), None)
+
+
 def components_for(variant: str) -> LMComponents:
     """``ours`` (``+graphs``: the same components), ``mixed`` (ours with SDPA attention),
-    ``eager-<attention>`` or ``compile-<attention>``, any with ``+flce``: the fused linear
-    cross-entropy head."""
+    ``eager-<attention>``, ``compile-<attention>`` or ``compile-ro-<attention>``, any with
+    ``+flce``: the fused linear cross-entropy head."""
     base, fused = variant.removesuffix("+graphs").removesuffix("+flce"), variant.endswith("+flce")
     head = "fused" if fused else "logits"
     if base == "ours":
         return our_components(head=head)
     if base == "mixed":
         return replace(our_components(head=head), attention=LM_ATTENTIONS["sdpa"])
-    return torch_components(base.split("-", 1)[1], head=head)
+    compiled = compile_mode(base)
+    attention = base.removeprefix(compiled[0]) if compiled else base.split("-", 1)[1]
+    return torch_components(attention, head=head)
 
 
 def skip_reason(variant: str, mode: str) -> str | None:
@@ -81,7 +95,7 @@ def skip_reason(variant: str, mode: str) -> str | None:
         return f"{variant}: the CUDA graph captures the whole train step; mode {mode} has no graphed form"
     if variant.endswith("+graphs") and DEVICE.type != "cuda":
         return f"{variant}: CUDA graphs need a CUDA GPU"
-    if variant.startswith("compile-") and DEVICE.type != "cuda":
+    if compile_mode(variant) and DEVICE.type != "cuda":
         return f"{variant}: torch.compile is timed on a GPU only (the CPU run stays a quick check)"
     return None
 
@@ -109,7 +123,13 @@ def make_step(model: TransformerLM, plan: Plan) -> Callable[[], None]:
         return _graphed_step(model, plan, tokens, targets)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if plan.mode == "train" else None
 
+    # Inductor's CUDA graphs (reduce-overhead) reuse their output buffers: each step says it is a new
+    # iteration, so none of the last step's outputs is taken as still alive.
+    new_iteration = compile_mode(plan.variant) == ("compile-ro-", "reduce-overhead")
+
     def step() -> None:
+        if new_iteration:
+            torch.compiler.cudagraph_mark_step_begin()
         if plan.mode == "forward":
             with torch.no_grad(), autocast(plan.dtype):
                 model.loss(tokens, targets)
@@ -178,7 +198,7 @@ def run_plan(plan: Plan) -> dict:
     if reason:
         return {"status": "skipped", "error": reason}
     cfg = lm_config(plan.size, plan.context)
-    compiled = plan.variant.startswith("compile-")
+    compiled = compile_mode(plan.variant)
     if compiled:
         torch._dynamo.reset()  # a fresh model must not hit the recompile limit and fall back to eager
     with measure_peak_memory() as mem:
@@ -186,9 +206,10 @@ def run_plan(plan: Plan) -> dict:
         with DEVICE:
             model = TransformerLM(cfg, components_for(plan.variant))
         if compiled:
-            model.loss = torch.compile(model.loss)
-        # A compiled model's first step compiles it: never a timed one.
-        warmup = max(plan.warmup, 1) if compiled else plan.warmup
+            model.loss = torch.compile(model.loss, mode=compiled[1])
+        # A compiled model's first step compiles it, and reduce-overhead records its graphs in the
+        # next ones: never a timed step.
+        warmup = plan.warmup if not compiled else max(plan.warmup, 1 if compiled[1] == "default" else 3)
         times = time_steps(make_step(model, plan), warmup, plan.steps)
     return {**step_row(times, plan), "peak_mem_gb": mem.peak_gb}
 
