@@ -147,8 +147,8 @@ def make_step(model: TransformerLM, plan: Plan) -> Callable[[], None]:
 def _graphed_step(model: TransformerLM, plan: Plan, tokens, targets) -> Callable[[], None]:
     """The train step as one CUDA graph: the same AdamW (the default multi-tensor one) with
     ``capturable=True``, its state on the GPU. The graph's warm-up steps (which tune our kernels)
-    train on the batch and are not undone (``restore=False``): undoing them keeps a copy of the
-    weights and AdamW's state on the GPU, 32 GB at 2.7B, and the timing does not depend on them."""
+    train on the batch and are not undone (``restore=False``): undoing them copies the weights and
+    AdamW's state to host memory and back, 41 GB at 2.7B, and the timing does not depend on them."""
     from tritonlab.graphs import GraphedStep
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)

@@ -63,6 +63,36 @@ def _reads_a_device_value():
     raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
 
 
+def test_the_warm_up_snapshot_sits_in_host_memory_and_restores_in_place():
+    # the snapshot and restore logic alone (the constructor needs a GPU): a model, AdamW with state
+    # from one step, a snapshot, a second step (the "warm-up"), then the restore
+    model = torch.nn.Linear(5, 3)
+    extra = torch.nn.Parameter(torch.randn(2))  # no state before the warm-up: zeroed on restore
+    optimizer = torch.optim.AdamW([*model.parameters(), extra], lr=0.1)
+    params = [*model.parameters()]
+    model(torch.randn(4, 5)).sum().backward()
+    optimizer.step()
+    graphed = object.__new__(GraphedStep)
+    graphed.optimizer = optimizer
+    saved = graphed._snapshot([*params, extra])
+    before = [p.detach().clone() for p in params]
+    moments = {id(p): optimizer.state[p]["exp_avg"].clone() for p in params}
+    assert all(t.device.type == "cpu" for t in saved[0])
+    assert all(
+        t.untyped_storage().data_ptr() != p.untyped_storage().data_ptr()
+        for t, p in zip(saved[0][:2], params, strict=True)
+    )
+    addresses = [p.data_ptr() for p in params]
+    (model(torch.randn(4, 5)).sum() + extra.sum()).backward()
+    optimizer.step()
+    assert not torch.equal(params[0], before[0]) and optimizer.state[extra]
+    graphed._restore([*params, extra], saved)
+    assert [p.data_ptr() for p in params] == addresses
+    for p, b in zip(params, before, strict=True):
+        assert torch.equal(p, b) and torch.equal(optimizer.state[p]["exp_avg"], moments[id(p)])
+    assert not optimizer.state[extra]["exp_avg"].any() and float(optimizer.state[extra]["step"]) == 0
+
+
 def test_the_capture_error_names_the_stage_the_function_and_the_cause():
     try:
         try:
