@@ -7,6 +7,7 @@ an ``nn.Module``::
 
     y = rms_norm(x, weight)                   # any leading shape, hidden <= 65536
     y = rms_norm(x)                           # no weight; rms_norm(x, w, offset=1.0): x_hat * (1 + w)
+    y = rms_norm(x, weight, out_dtype=torch.bfloat16)  # y for the next bf16 matmul; dx in x's dtype
     y = gelu(x, approximate="tanh")           # or "none" (erf)
     y = swiglu(gate, up)                      # silu(gate) * up
     y = geglu(gate, up)                       # gelu_tanh(gate) * up

@@ -13,6 +13,10 @@ The backward's row loop is software-pipelined: the next rows' x and dy are loade
 memory) while this block's reductions run. Its depth is pruned by the tile's bytes -- the element
 size times the rows and padded width a program holds -- and the GPU's shared memory: a tile whose
 prefetched copies would not fit runs unpipelined, so float32 and 65 536-wide rows always launch.
+
+``out_dtype``: y in another dtype than x, rounded once from the float32 result -- under autocast, the
+bfloat16 input of the next matmul written directly, where a float32 y would be read again by a cast
+kernel (and in the backward, dy arrives in that dtype while dx keeps x's).
 """
 
 import math
@@ -145,8 +149,13 @@ def _sum_partials_kernel(PARTIAL, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, B
     tl.store(OUT + cols, acc.to(OUT.dtype.element_ty), mask=col_ok)
 
 
-def _check(x, weight, eps, offset=0.0):
+FLOAT_OUT = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check(x, weight, eps, offset=0.0, out_dtype=None):
     check_tensor("x", x)
+    if out_dtype is not None and out_dtype not in FLOAT_OUT:
+        raise ValueError(f"out_dtype: expected None or one of float32, float16, bfloat16, got {out_dtype!r}")
     if x.dim() < 1:
         raise ValueError("x: expected at least one dimension (the hidden size last)")
     if weight is not None:
@@ -174,11 +183,11 @@ def _bwd_stages(tile_bytes: int, settings: RMSNormSettings) -> int:
 
 
 def _forward(
-    x2: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0
+    x2: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0, out_dtype=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """y and the per-row reciprocal RMS of the (rows, width) view ``x2``."""
+    """y (in ``out_dtype``, else x's) and the per-row reciprocal RMS of the (rows, width) view ``x2``."""
     n_rows, n_cols = x2.shape
-    y = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
+    y = torch.empty((n_rows, n_cols), dtype=out_dtype or x2.dtype, device=x2.device)
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x2.device)
     block_m, block_n, num_warps = row_block_settings(n_cols)
     _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
@@ -255,9 +264,9 @@ def _backward(
 
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps, settings=DEFAULT_SETTINGS, offset=0.0):
+    def forward(ctx, x, weight, eps, settings=DEFAULT_SETTINGS, offset=0.0, out_dtype=None):
         x2 = as_rows(x)
-        y, rstd = _forward(x2, weight, eps, offset)
+        y, rstd = _forward(x2, weight, eps, offset, out_dtype)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.x_shape = x.shape
         ctx.settings = settings
@@ -268,18 +277,24 @@ class RMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
         dx, dw = _backward(as_rows(dy), x2, weight, rstd, ctx.settings, ctx.offset)
-        return dx.view(ctx.x_shape), dw, None, None, None
+        return dx.view(ctx.x_shape), dw, None, None, None, None
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, offset: float = 0.0
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    offset: float = 0.0,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """RMSNorm over the last dimension of ``x`` (any leading shape, width up to 65 536), fp32 inside:
     ``x_hat * weight`` with ``x_hat = x / sqrt(mean(x**2) + eps)``; ``x_hat`` alone when ``weight`` is
     None; ``x_hat * (offset + weight)`` with an ``offset`` (Gemma's ``1 + weight``: ``offset=1.0``).
-    The weight's gradient is that of ``weight`` itself (the offset is a constant)."""
-    _check(x, weight, eps, offset)
-    return RMSNormFunction.apply(x, weight, eps, DEFAULT_SETTINGS, offset)
+    The weight's gradient is that of ``weight`` itself (the offset is a constant). ``out_dtype``
+    (float32, float16 or bfloat16): the result's dtype, rounded once from float32 (default: x's);
+    the gradient of ``x`` stays in x's dtype."""
+    _check(x, weight, eps, offset, out_dtype)
+    return RMSNormFunction.apply(x, weight, eps, DEFAULT_SETTINGS, offset, out_dtype)
 
 
 class RMSNorm(torch.nn.Module):

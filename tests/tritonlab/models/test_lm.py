@@ -106,6 +106,24 @@ def test_fused_head_follows_autocast():
     assert weight.grad.dtype == torch.float32 and torch.isfinite(weight.grad).all()
 
 
+def test_our_norm_writes_the_autocast_dtype_that_the_next_matmul_takes():
+    """Under autocast our RMSNorm returns the autocast dtype, the same values the eager norm's float32
+    output cast by autocast would give, and float32 gradients for the float32 residual and weight."""
+    norm = our_components().norm
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 5, 48, generator=g).to(DEVICE).requires_grad_()
+    w = torch.randn(48, generator=g).to(DEVICE).requires_grad_()
+    with torch.autocast(DEVICE.type, dtype=dtype):
+        y = norm(x, w, 1e-5)
+        want = torch_components().norm(x, w, 1e-5)
+    assert y.dtype == dtype and want.dtype == torch.float32
+    assert rel_err(y, want) < 4e-3
+    dx, dw = torch.autograd.grad(y, (x, w), torch.ones_like(y))
+    assert dx.dtype == dw.dtype == torch.float32
+    assert norm(x, w, 1e-5).dtype == torch.float32  # no autocast: x's dtype
+
+
 def test_flash_attention_pads_a_head_dim_the_kernels_do_not_take():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 20, 10, generator=g).to(DEVICE).requires_grad_() for _ in range(3))

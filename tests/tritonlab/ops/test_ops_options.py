@@ -281,6 +281,27 @@ def test_rms_norm_offset(shape, dtype, offset):
         assert got.dtype == dtype and rel_err(got, ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize(
+    "x_dtype, out_dtype", [(torch.float32, torch.float16), (torch.float16, torch.float32)]
+)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 123), (2, 3, 1500)])
+def test_rms_norm_out_dtype_rounds_once_and_keeps_dx_in_x_dtype(shape, x_dtype, out_dtype):
+    x = leaf(torch.randn(shape).to(x_dtype))
+    w = leaf(torch.randn(shape[-1]).to(x_dtype))
+    y = rms_norm(x, w, out_dtype=out_dtype)
+    dy = torch.randn(shape).to(out_dtype)  # what the next layer sends back: in y's dtype
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    xr, wr = f64(x), f64(w)
+    yr = rms_norm_ref(xr, wr)
+    dxr, dwr = torch.autograd.grad(yr, (xr, wr), dy.double())
+    assert y.dtype == out_dtype and dx.dtype == x_dtype and dw.dtype == x_dtype
+    tol = max(TOL[x_dtype], TOL[out_dtype])
+    dx_terms = (dy.double() * wr.detach() / xr.detach().pow(2).mean(-1, keepdim=True).sqrt()).norm().item()
+    assert rel_err(y, yr) < tol and rel_err(dx, dxr, scale=dx_terms) < tol and rel_err(dw, dwr) < tol
+    if x_dtype == torch.float32:  # float32 y cast afterwards (what autocast does) is the same rounding
+        assert torch.equal(y, rms_norm(x, w).to(out_dtype))
+
+
 def test_rms_norm_module_matches_torch_nn_rms_norm():
     x = torch.randn(2, 3, 40)
     for affine in (True, False):
@@ -316,6 +337,8 @@ def test_rms_norm_bad_options_name_the_argument():
         rms_norm(x, torch.ones(16, dtype=torch.float64))
     with pytest.raises(ValueError, match="^eps"):
         rms_norm(x, eps=-1.0)
+    with pytest.raises(ValueError, match="^out_dtype"):
+        rms_norm(x, out_dtype=torch.int8)
     with pytest.raises(ValueError, match="^normalized_shape"):
         RMSNorm((4, 16))
     with pytest.raises(ValueError, match="^offset"):
