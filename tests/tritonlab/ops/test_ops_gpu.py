@@ -31,6 +31,21 @@ def cpu64(t):
     return t.detach().cpu().double().requires_grad_()
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (5, 4097), (4096, 1600)])
+def test_rms_norm_bf16_out_of_float32_is_the_cast_of_the_float32_result(shape):
+    # the LM under autocast: a float32 residual in, the next matmul's bf16 out (rounded to nearest
+    # even on the GPU, as torch's cast; the interpreter truncates, so this holds on a GPU only)
+    x = torch.randn(shape, device="cuda", requires_grad=True)
+    w = torch.randn(shape[-1], device="cuda", requires_grad=True)
+    y = rms_norm(x, w, out_dtype=torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, rms_norm(x, w).to(torch.bfloat16))
+    dy = torch.randn(shape, device="cuda").bfloat16()
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    ref_dx, ref_dw = torch.autograd.grad(rms_norm(x, w), (x, w), dy.float())
+    assert dx.dtype == dw.dtype == torch.float32
+    assert rel_err(dx, ref_dx) < 1e-6 and rel_err(dw, ref_dw) < 1e-6
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (5, 4097), (4096, 1024), (3, 65536)])
 def test_rms_norm_bf16(shape):
     x, w = bf16_leaf(*shape), bf16_leaf(shape[-1])
