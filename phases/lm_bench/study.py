@@ -7,6 +7,7 @@ are rows with status "skipped" and the reason.
 """
 
 import pickle
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -292,7 +293,10 @@ def snapshot_one(size, context, mode, dtype, batch) -> list[dict]:
     timeline drawn as a PNG; on the CPU a "skipped" row."""
     if not ON_GPU:
         return [{"table": "snapshot", "status": "skipped", "error": f"memory snapshot: {CPU_SKIP}"}]
-    name = f"lm_bench_memory_{size}_ctx{context}_{mode}_{dtype}"
+    # The GPU in the name: runs on two GPU models must not overwrite each other's files (the traces
+    # may differ, and each GPU's section of the report shows its own).
+    gpu = re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name().lower()).strip("_")
+    name = f"lm_bench_memory_{gpu}_{size}_ctx{context}_{mode}_{dtype}"
     model = _build(size, context)
     step = make_step(model, Plan("eager-naive", size, context, mode, dtype, batch, 1, 1))
     step()
