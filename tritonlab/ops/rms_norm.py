@@ -149,12 +149,12 @@ def _sum_partials_kernel(PARTIAL, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, B
     tl.store(OUT + cols, acc.to(OUT.dtype.element_ty), mask=col_ok)
 
 
-FLOAT_OUT = (torch.float32, torch.float16, torch.bfloat16)
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _check(x, weight, eps, offset=0.0, out_dtype=None):
     check_tensor("x", x)
-    if out_dtype is not None and out_dtype not in FLOAT_OUT:
+    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype: expected None or one of float32, float16, bfloat16, got {out_dtype!r}")
     if x.dim() < 1:
         raise ValueError("x: expected at least one dimension (the hidden size last)")
