@@ -320,7 +320,7 @@ def main(argv=None) -> None:
         else:
             from common.timing import compile_in_process
 
-            compile_in_process()  # compile-sdpa's compile: no pool of workers beside the timed steps
+            compile_in_process()  # the compiled baselines' compiles: no pool of workers beside the timed steps
             cells = ours_cells(*grid, warmup=args.warmup, variants=args.variants, **shared)
             run_cells(writer, cells, total=ours_total(*grid, variants=args.variants), on_row=print_step)
 

@@ -125,7 +125,8 @@ def make_step(model: TransformerLM, plan: Plan) -> Callable[[], None]:
 
     # Inductor's CUDA graphs (reduce-overhead) reuse their output buffers: each step says it is a new
     # iteration, so none of the last step's outputs is taken as still alive.
-    new_iteration = compile_mode(plan.variant) == ("compile-ro-", "reduce-overhead")
+    compiled = compile_mode(plan.variant)
+    new_iteration = compiled is not None and compiled[1] == "reduce-overhead"
 
     def step() -> None:
         if new_iteration:
