@@ -8,6 +8,7 @@ GPU time, that difference decides the benchmark. A caller that knows what decide
 specialisation -- for kernels whose integer arguments all derive from their tensors' shapes and
 strides, ``signature_key`` of those tensors -- compiles once per key and then calls
 ``launch_compiled``. GPU only: in the interpreter there is no compiled kernel to hold.
+``launch`` does all of it for a plain ``kernel[grid](*tensors, *scalars, **constexprs)`` call.
 
 Kernels that build tensor descriptors (TMA) on the device also need scratch memory from an
 allocator: ``use_descriptor_scratch`` before launching them.
@@ -47,16 +48,21 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
     )
 
 
-def signature_key(*tensors: torch.Tensor) -> tuple:
+def signature_key(*tensors: torch.Tensor | None) -> tuple:
     """Shape, strides, dtype, device and 16-byte alignment of each tensor: all that specialises a
     kernel whose integer arguments are these tensors' sizes and strides (a binary is loaded per
-    device, so the device is part of the key too)."""
-    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
+    device, so the device is part of the key too). None (an optional pointer left out, which Triton
+    makes a constexpr) stays None."""
+    return tuple(
+        None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+        for t in tensors
+    )
 
 
 def constexpr_tail(jit_fn, n_args: int, constexprs: dict) -> tuple:
-    """The values of the parameters after the first ``n_args``, in the kernel's order."""
-    return tuple(constexprs[name] for name in jit_fn.arg_names[n_args:])
+    """The values of the parameters after the first ``n_args``, in the kernel's order: the caller's,
+    else the parameter's default, as Triton bound it."""
+    return tuple(constexprs.get(p.name, p.default) for p in jit_fn.params[n_args:])
 
 
 def launch_compiled(kernel, grid: tuple[int, int, int], args: tuple) -> None:
@@ -73,10 +79,22 @@ def launch_compiled(kernel, grid: tuple[int, int, int], args: tuple) -> None:
                knobs.runtime.launch_exit_hook, *args)  # fmt: skip
 
 
+def _check_kept(scalars: tuple, constexprs: dict) -> None:
+    """Refuse a tensor among what a kept launch replays: the first call's would be read and written
+    by every later call."""
+    for value in (*scalars, *constexprs.values()):
+        if isinstance(value, torch.Tensor):
+            raise TypeError(
+                "a direct launch replays its scalars and constexprs: pass tensors among `tensors`"
+            )
+
+
 def first_launch(tensors: tuple, kernel, grid: tuple, scalars: tuple, constexprs: dict) -> tuple:
     """``kernel[grid](*tensors, *scalars, **constexprs)`` through Triton's launcher -- the first call
     of a signature, which compiles -- and what ``LaunchCache`` keeps for the direct launches after
-    it. ``constexprs`` may hold launch options (``num_warps``) beside the kernel's constexprs."""
+    it. ``constexprs`` may hold launch options (``num_warps``) beside the kernel's constexprs, and
+    neither it nor ``scalars`` a tensor."""
+    _check_kept(scalars, constexprs)
     compiled = kernel[grid](*tensors, *scalars, **constexprs)
     tail = scalars + constexpr_tail(kernel, len(tensors) + len(scalars), constexprs)
     return compiled, (*grid, 1, 1)[:3], tail, None
@@ -123,3 +141,33 @@ class LaunchCache:
             kernel, grid, other_args, _ = launch
             launch_compiled(kernel, grid, tensors + other_args)
         return launch[3]
+
+
+def launch(
+    cache: LaunchCache,
+    kernel,
+    grid: tuple,
+    tensors: tuple,
+    scalars: tuple,
+    constexprs: dict,
+    key_tensors=None,
+) -> None:
+    """``kernel[grid](*tensors, *scalars, **constexprs)``: through Triton's launcher in the interpreter,
+    on the GPU compiled once per key in ``cache`` (a ``LaunchCache(first_launch)``) and then launched
+    directly.
+
+    ``tensors`` (None for an optional pointer left out) come first in the kernel's parameters, then
+    ``scalars``; ``constexprs`` holds the rest by name, launch options (``num_warps``) included, and
+    no tensor: what ``first_launch`` keeps of them is replayed unchanged. The key is everything the
+    kept launch depends on: the kernel, the grid, every scalar and constexpr by value, and the
+    signature of ``key_tensors`` (default ``tensors``; a caller narrows it only to tensors whose
+    layouts fix the others'). Scalars are keyed by value (``1 == 1.0``): a call site passes each in
+    one type (``float(eps)``), so that one key never stands for two specialisations.
+    """
+    if INTERPRET:
+        _check_kept(scalars, constexprs)  # what the GPU's first launch refuses, refused in tests too
+        kernel[grid](*tensors, *scalars, **constexprs)
+        return
+    signature = signature_key(*(tensors if key_tensors is None else key_tensors))
+    key = (kernel, grid, signature, scalars, tuple(constexprs.items()))
+    cache.launch(key, tensors, kernel, grid, scalars, constexprs)

@@ -41,8 +41,8 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from ._launch import LaunchCache, first_launch, signature_key
-from ._runtime import INTERPRET, sm_count
+from ._launch import LaunchCache, first_launch, launch
+from ._runtime import sm_count
 from .checks import check_offset_range, check_tensor
 
 __all__ = ["GMMNLLLoss", "gmm_nll"]
@@ -316,24 +316,12 @@ def _launch_constants(K: int, block_t: int, num_warps: int) -> dict:
     }
 
 
-# Triton's launcher re-derives on every call how each argument specialises the binary; here every
-# argument follows from the layouts of the caller's tensors (the rest are fresh buffers of ours)
-# and the tile constants, so the compiled kernel is kept under those and launched directly
-# (tritonlab._launch): 2-10 µs less host time a launch, where an autograd step's host time is close
-# to the kernels' 0.28 ms at T = 4M.
+# Triton's launcher re-derives on every call how each argument specialises the binary; the compiled
+# kernel is kept instead and launched directly (tritonlab._launch.launch): 2-10 µs less host time a
+# launch, where an autograd step's host time is close to the kernels' 0.28 ms at T = 4M. The key
+# takes the signatures of the caller's tensors only: the other tensors are fresh buffers of ours,
+# whose layouts follow from theirs and the grid.
 _LAUNCHES = LaunchCache(first_launch)
-
-
-def _launch(
-    kernel, n_programs: int, tensors: tuple, scalars: tuple, constexprs: dict, layouts: tuple
-) -> None:
-    """``kernel[(n_programs,)](*tensors, *scalars, **constexprs)``, with Triton's per-call host work
-    done once per ``layouts`` (the caller's tensors, whose layouts fix the grid and the scalars)."""
-    if INTERPRET:
-        kernel[(n_programs,)](*tensors, *scalars, **constexprs)
-        return
-    key = (kernel, signature_key(*layouts), constexprs["BLOCK_T"], constexprs["num_warps"])
-    _LAUNCHES.launch(key, tensors, kernel, (n_programs,), scalars, constexprs)
 
 
 def _forward(params: Tensor, y: Tensor) -> Tensor:
@@ -344,7 +332,8 @@ def _forward(params: Tensor, y: Tensor) -> Tensor:
     loss = torch.empty((), dtype=torch.float32, device=params.device)
     tensors = (params, y, partials, _counter(params.device), loss)
     constexprs = {"BLOCK_P": _BLOCK_P, **_launch_constants(K, _FWD_BLOCK_T, _FWD_WARPS)}
-    _launch(_gmm_nll_fwd_kernel, n_programs, tensors, (T, y.stride(0), 1.0 / T), constexprs, (params, y))
+    scalars = (T, y.stride(0), 1.0 / T)
+    launch(_LAUNCHES, _gmm_nll_fwd_kernel, (n_programs,), tensors, scalars, constexprs, (params, y))
     return loss
 
 
@@ -356,14 +345,8 @@ def _backward(params: Tensor, y: Tensor, grad_loss: Tensor) -> Tensor:
     tensors = (params, y, grad_loss, dparams)
     constexprs = _launch_constants(K, _BWD_BLOCK_T, _BWD_WARPS)
     scalars = (T, y.stride(0), 1.0 / T)
-    _launch(
-        _gmm_nll_bwd_kernel,
-        triton.cdiv(T, _BWD_BLOCK_T),
-        tensors,
-        scalars,
-        constexprs,
-        (params, y, grad_loss),
-    )
+    grid = (triton.cdiv(T, _BWD_BLOCK_T),)
+    launch(_LAUNCHES, _gmm_nll_bwd_kernel, grid, tensors, scalars, constexprs, (params, y, grad_loss))
     return dparams
 
 
