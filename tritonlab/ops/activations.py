@@ -3,7 +3,8 @@
 Each program takes a contiguous 4096-element slice (16 elements, two 16-byte vectors of bf16, per
 thread), computes in fp32 and writes in the input's dtype. The backward kernels recompute the
 activation from the saved inputs instead of saving it: one tensor less to store and to read back.
-Offsets are int64, so tensors of more than 2**31 elements work.
+Offsets are int64, so tensors of more than 2**31 elements work. On a GPU each kernel is compiled
+at the first call of a signature and launched directly after it (``tritonlab._launch.launch``).
 """
 
 import math
@@ -12,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import LaunchCache, first_launch, launch
 from ..checks import check_same, check_tensor
 
 BLOCK = 4096
@@ -105,8 +107,21 @@ def _geglu_bwd_kernel(DY, GATE, UP, DGATE, DUP, n, BLOCK: tl.constexpr):
     tl.store(DUP + offs, (dy * act).to(DUP.dtype.element_ty), mask=mask)
 
 
-def _grid(n: int) -> tuple[int]:
-    return (triton.cdiv(n, BLOCK),)
+# The compiled kernels per call signature: at small sizes Triton's launcher, not the GPU, decides
+# an element-wise op's time.
+_LAUNCHES = LaunchCache(first_launch)
+
+
+def _launch(kernel, tensors: tuple, n: int, **constexprs) -> None:
+    """``kernel`` over ``n`` elements of the flat ``tensors``, BLOCK at a time."""
+    launch(
+        _LAUNCHES,
+        kernel,
+        (triton.cdiv(n, BLOCK),),
+        tensors,
+        (n,),
+        dict(constexprs, BLOCK=BLOCK, num_warps=NUM_WARPS),
+    )
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
@@ -119,9 +134,7 @@ class GELUFunction(torch.autograd.Function):
     def forward(ctx, x, approx_tanh):
         x = _dense(x)
         y = torch.empty_like(x)
-        _gelu_fwd_kernel[_grid(x.numel())](
-            x, y, x.numel(), APPROX_TANH=approx_tanh, BLOCK=BLOCK, num_warps=NUM_WARPS
-        )
+        _launch(_gelu_fwd_kernel, (x, y), x.numel(), APPROX_TANH=approx_tanh)
         ctx.save_for_backward(x)
         ctx.approx_tanh = approx_tanh
         return y
@@ -131,9 +144,7 @@ class GELUFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         dy = _dense(dy)
         dx = torch.empty_like(x)
-        _gelu_bwd_kernel[_grid(x.numel())](
-            dy, x, dx, x.numel(), APPROX_TANH=ctx.approx_tanh, BLOCK=BLOCK, num_warps=NUM_WARPS
-        )
+        _launch(_gelu_bwd_kernel, (dy, x, dx), x.numel(), APPROX_TANH=ctx.approx_tanh)
         return dx, None
 
 
@@ -154,7 +165,7 @@ class GatedFunction(torch.autograd.Function):
         fwd_kernel, ctx.bwd_kernel = kernels
         gate, up = _dense(gate), _dense(up)
         y = torch.empty_like(gate)
-        fwd_kernel[_grid(gate.numel())](gate, up, y, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS)
+        _launch(fwd_kernel, (gate, up, y), gate.numel())
         ctx.save_for_backward(gate, up)
         return y
 
@@ -163,9 +174,7 @@ class GatedFunction(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         dy = _dense(dy)
         dgate, dup = torch.empty_like(gate), torch.empty_like(up)
-        ctx.bwd_kernel[_grid(gate.numel())](
-            dy, gate, up, dgate, dup, gate.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS
-        )
+        _launch(ctx.bwd_kernel, (dy, gate, up, dgate, dup), gate.numel())
         return dgate, dup, None
 
 

@@ -30,6 +30,8 @@ bf16 on the H100 (3.60 ms against 3.95 ms at 32 KB: more bytes in flight per SM)
 *element* count follows the element size (32 768 bf16 logits, 16 384 float32 ones: the same bytes
 and registers per thread). Label smoothing with the softcap has settings of its own
 (``OPTIONS_SETTINGS``: 32 KB blocks at 32 warps, no spills). The interpreter runs small blocks faster.
+On a GPU each kernel is compiled at the first call of a signature and launched directly after it
+(``tritonlab._launch.launch``), except with class weights or the z-loss (see ``_launch``).
 """
 
 import math
@@ -39,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import LaunchCache, first_launch, launch
 from .._runtime import INTERPRET
 from ..checks import as_rows, check_tensor, persistent_programs
 
@@ -79,6 +82,19 @@ def fast_tanh(dtype: torch.dtype) -> bool:
 
 
 _SCALE_BLOCK = 512 if INTERPRET else 4096
+# The compiled kernels per call signature, launched directly after its first call (tritonlab._launch).
+_LAUNCHES = LaunchCache(first_launch)
+
+
+def _launch(kernel, grid: tuple, tensors: tuple, scalars: tuple, constexprs: dict) -> None:
+    """``kernel[grid](*tensors, *scalars, **constexprs)``, launched directly after the first call of a
+    signature -- but through Triton's launcher where the class weights or the z-loss put tensors
+    among the keyword arguments (they follow the constexprs in the kernels' parameters): a direct
+    launch would replay those from its first call."""
+    if constexprs.get("WEIGHT") is None and constexprs.get("LSE_SQ") is None:
+        launch(_LAUNCHES, kernel, grid, tensors, scalars, constexprs)
+    else:
+        kernel[grid](*tensors, *scalars, **constexprs)
 
 
 @triton.jit
@@ -429,9 +445,10 @@ class CrossEntropyFunction(torch.autograd.Function):
         weight_stats = (
             torch.empty(2, dtype=torch.float32, device=logits.device) if weight is not None else None
         )
-        _target_stats_kernel[(1,)](
-            target, stats, n_rows, n_cols, ignore_index, BLOCK=1024, WEIGHT=weight, WEIGHT_STATS=weight_stats
-        )
+        _launch(
+            _target_stats_kernel, (1,), (target, stats), (n_rows, n_cols, ignore_index),
+            dict(BLOCK=1024, WEIGHT=weight, WEIGHT_STATS=weight_stats),
+        )  # fmt: skip
         stats_seen = _stats_to_host(stats) if check_targets else None
         lse_sq = None
         option_args = {}
@@ -452,22 +469,18 @@ class CrossEntropyFunction(torch.autograd.Function):
                 HAS_ZLOSS=has_zloss,
                 FAST_TANH=fast_tanh(rows.dtype),
             )
-        _cross_entropy_fwd_kernel[(persistent_programs(n_rows, settings.programs_per_sm),)](
-            rows,
-            target,
-            loss_rows,
-            grad,
-            stats,
-            n_rows,
-            n_cols,
-            rows.stride(0),
-            grad.stride(0),
-            ignore_index,
-            MEAN=reduction == "mean",
-            COMPUTE_GRAD=compute_grad,
-            BLOCK_V=settings.block_v(rows.element_size()),
-            num_warps=settings.num_warps,
-            **option_args,
+        _launch(
+            _cross_entropy_fwd_kernel,
+            (persistent_programs(n_rows, settings.programs_per_sm),),
+            (rows, target, loss_rows, grad, stats),
+            (n_rows, n_cols, rows.stride(0), grad.stride(0), ignore_index),
+            dict(
+                MEAN=reduction == "mean",
+                COMPUTE_GRAD=compute_grad,
+                BLOCK_V=settings.block_v(rows.element_size()),
+                num_warps=settings.num_warps,
+                **option_args,
+            ),
         )
         # The range check waits only for the small stats kernel, and only after the main kernel is
         # queued behind it, so the GPU never idles for it; the main kernel never reads out of bounds
@@ -502,14 +515,13 @@ class CrossEntropyFunction(torch.autograd.Function):
         rows = grad.view(-1, grad.shape[-1])
         dloss_flat = dloss.reshape(-1) if ctx.reduction == "none" else dloss.reshape(1)
         stride_dloss = dloss_flat.stride(0) if ctx.reduction == "none" else 0
-        _scale_rows_kernel[(rows.shape[0],)](
-            rows,
-            dloss_flat,
-            rows.shape[1],
-            rows.stride(0),
-            stride_dloss,
-            BLOCK=_SCALE_BLOCK,
-            num_warps=8,
+        launch(
+            _LAUNCHES,
+            _scale_rows_kernel,
+            (rows.shape[0],),
+            (rows, dloss_flat),
+            (rows.shape[1], rows.stride(0), stride_dloss),
+            dict(BLOCK=_SCALE_BLOCK, num_warps=8),
         )
         return grad, None, None, None, None, None, None, None
 

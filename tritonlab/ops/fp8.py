@@ -8,13 +8,16 @@ the layout of ``torch._scaled_mm``'s row-wise scaling; ``"block"`` splits each r
 (rows, ceil(width / block)) scales. An all-zero row or block gets scale 1. One program holds whole
 rows in registers as a (rows, groups, block) tile: x is read once, q and the scales written once.
 Its launch settings follow the row width alone (``_layout``: about 2048 values per program, 16 per
-thread); nothing is staged in shared memory, so no element size or GPU limit can make one fail.
+thread); nothing is staged in shared memory, so no element size or GPU limit can make one fail. On a
+GPU each kernel is compiled at the first call of a signature and launched directly after it
+(``tritonlab._launch.launch``).
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from .._launch import LaunchCache, first_launch, launch
 from ..checks import as_rows, check_row_width, check_tensor
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -110,14 +113,19 @@ def _layout(n_cols: int, granularity: str, block: int) -> tuple[int, int, int, i
     return n_groups, block_g, group, block_m, num_warps
 
 
+# The compiled kernels per call signature, launched directly after its first call (tritonlab._launch).
+_LAUNCHES = LaunchCache(first_launch)
+
+
 def _launch(kernel, a, b, c, n_cols: int, layout: tuple) -> None:
     """Run ``kernel`` with ``_layout``'s settings over the rows of the 2-D tensors ``a``, ``b``, ``c``
     (x, q, scales to quantize; q, scales, y to dequantize: both kernels take the same arguments)."""
     n_groups, block_g, group, block_m, num_warps = layout
     n_rows = a.shape[0]
-    kernel[(triton.cdiv(n_rows, block_m),)](
-        a, b, c, n_rows, n_cols, n_groups, a.stride(0), b.stride(0), c.stride(0),
-        BLOCK_M=block_m, BLOCK_G=block_g, GROUP=group, num_warps=num_warps,
+    launch(
+        _LAUNCHES, kernel, (triton.cdiv(n_rows, block_m),), (a, b, c),
+        (n_rows, n_cols, n_groups, a.stride(0), b.stride(0), c.stride(0)),
+        dict(BLOCK_M=block_m, BLOCK_G=block_g, GROUP=group, num_warps=num_warps),
     )  # fmt: skip
 
 

@@ -50,6 +50,7 @@ import math
 
 import torch
 
+from .._launch import LaunchCache, first_launch, launch
 from .._runtime import INTERPRET
 from ..checks import check_same, check_tensor, persistent_programs
 from .cross_entropy import (
@@ -68,6 +69,9 @@ from .cross_entropy import (
 DEFAULT_CHUNK_BYTES = 2048 * 4 if INTERPRET else 512 * 2**20
 # On a GPU, chunks are a multiple of this many rows (whole GEMM tiles) when they can be.
 _ROW_MULTIPLE = 1 if INTERPRET else 128
+# The cross-entropy's kernels per call signature, launched directly after its first call
+# (tritonlab._launch); no tensor is among their keyword arguments here (no class weights or z-loss).
+_LAUNCHES = LaunchCache(first_launch)
 
 
 def chunk_rows_for(n_rows: int, vocab: int, element_size: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
@@ -95,7 +99,14 @@ def _chunked_pass(
     compute_grad = grad_x or grad_weight or grad_bias
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=device)
     stats = torch.empty(2, dtype=torch.int32, device=device)  # (not ignored, out of range)
-    _target_stats_kernel[(1,)](target, stats, n_rows, vocab, ignore_index, BLOCK=1024)
+    launch(
+        _LAUNCHES,
+        _target_stats_kernel,
+        (1,),
+        (target, stats),
+        (n_rows, vocab, ignore_index),
+        dict(BLOCK=1024),
+    )
     stats_seen = _stats_to_host(stats) if check_targets else None
 
     option_args = {}
@@ -125,22 +136,20 @@ def _chunked_pass(
         else:
             torch.mm(x_c, w_t, out=z)
         # cross_entropy's own kernel over this chunk's logits (a launch like rms_norm's only in shape).
-        _cross_entropy_fwd_kernel[(persistent_programs(stop - start, settings.programs_per_sm),)](
-            z,
-            target[start:stop],
-            loss_rows[start:stop],
-            z,  # the gradient overwrites the logits it is computed from, row by row
-            stats,
-            stop - start,
-            vocab,
-            z.stride(0),
-            z.stride(0),
-            ignore_index,
-            MEAN=mean,
-            COMPUTE_GRAD=compute_grad,
-            BLOCK_V=block_v,
-            num_warps=settings.num_warps,
-            **option_args,
+        launch(
+            _LAUNCHES,
+            _cross_entropy_fwd_kernel,
+            (persistent_programs(stop - start, settings.programs_per_sm),),
+            # the gradient overwrites the logits it is computed from, row by row
+            (z, target[start:stop], loss_rows[start:stop], z, stats),
+            (stop - start, vocab, z.stride(0), z.stride(0), ignore_index),
+            dict(
+                MEAN=mean,
+                COMPUTE_GRAD=compute_grad,
+                BLOCK_V=block_v,
+                num_warps=settings.num_warps,
+                **option_args,
+            ),
         )
         if start == 0 and check_targets and _out_of_range_count(stats_seen):
             # Waited for only now, with the first chunk queued behind the count.

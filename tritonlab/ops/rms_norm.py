@@ -17,6 +17,9 @@ prefetched copies would not fit runs unpipelined, so float32 and 65 536-wide row
 ``out_dtype``: y in another dtype than x, rounded once from the float32 result -- under autocast, the
 bfloat16 input of the next matmul written directly, where a float32 y would be read again by a cast
 kernel (and in the backward, dy arrives in that dtype while dx keeps x's).
+
+On a GPU each kernel is compiled at the first call of a signature and launched directly after it
+(``tritonlab._launch.launch``), without Triton's per-call argument binding.
 """
 
 import math
@@ -26,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import LaunchCache, first_launch, launch
 from ..checks import as_rows, check_row_width, check_tensor, persistent_programs, row_block_settings
 from ..tuning import fits_shared_memory
 
@@ -150,6 +154,9 @@ def _sum_partials_kernel(PARTIAL, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, B
 
 
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The compiled kernels per call signature, launched directly after its first call: at small shapes
+# the host time of Triton's launcher, not the GPU's, is the op's time (tritonlab._launch).
+_LAUNCHES = LaunchCache(first_launch)
 
 
 def _check(x, weight, eps, offset=0.0, out_dtype=None):
@@ -190,20 +197,13 @@ def _forward(
     y = torch.empty((n_rows, n_cols), dtype=out_dtype or x2.dtype, device=x2.device)
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x2.device)
     block_m, block_n, num_warps = row_block_settings(n_cols)
-    _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        x2,
-        weight,
-        y,
-        rstd,
-        n_rows,
-        n_cols,
-        x2.stride(0),
-        y.stride(0),
-        eps,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-        **_option_args(weight, offset),
+    launch(
+        _LAUNCHES,
+        _rms_norm_fwd_kernel,
+        (triton.cdiv(n_rows, block_m),),
+        (x2, weight, y, rstd),
+        (n_rows, n_cols, x2.stride(0), y.stride(0), float(eps)),
+        dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **_option_args(weight, offset)),
     )
     return y, rstd
 
@@ -234,30 +234,32 @@ def _backward(
         if weight is not None
         else None
     )
-    _rms_norm_bwd_kernel[(n_programs,)](
-        dy2,
-        x2,
-        weight,
-        rstd,
-        dx,
-        partial,
-        n_rows,
-        n_cols,
-        dy2.stride(0),
-        x2.stride(0),
-        dx.stride(0),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        NUM_STAGES=_bwd_stages(block_m * block_n * x2.element_size(), settings),
-        num_warps=num_warps,
-        **_option_args(weight, offset),
+    # The settings reach the launch only through the grid and NUM_STAGES, both in the launch's key.
+    launch(
+        _LAUNCHES,
+        _rms_norm_bwd_kernel,
+        (n_programs,),
+        (dy2, x2, weight, rstd, dx, partial),
+        (n_rows, n_cols, dy2.stride(0), x2.stride(0), dx.stride(0)),
+        dict(
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            NUM_STAGES=_bwd_stages(block_m * block_n * x2.element_size(), settings),
+            num_warps=num_warps,
+            **_option_args(weight, offset),
+        ),
     )
     if weight is None:
         return dx, None
     dw = torch.empty_like(weight)
     block_c = min(64, triton.next_power_of_2(n_cols))  # narrow column strips: many programs
-    _sum_partials_kernel[(triton.cdiv(n_cols, block_c),)](
-        partial, dw, n_programs, n_cols, BLOCK_P=32, BLOCK_C=block_c, num_warps=4
+    launch(
+        _LAUNCHES,
+        _sum_partials_kernel,
+        (triton.cdiv(n_cols, block_c),),
+        (partial, dw),
+        (n_programs, n_cols),
+        dict(BLOCK_P=32, BLOCK_C=block_c, num_warps=4),
     )
     return dx, dw
 

@@ -5,13 +5,15 @@ For a head vector ``x = [x1, x2]`` (halves of D/2) at position t with angles ``t
 the same kernel with ``sin`` negated. One program per (batch, position) rotates every head of q
 and of k there, so ``cos``/``sin`` of that position are loaded once for all of them. q and k are
 (B, T, H, D) and may be strided views (a slice of a fused QKV projection); the outputs are new,
-contiguous tensors.
+contiguous tensors. On a GPU the kernel is compiled at the first call of a signature and launched
+directly after it (``tritonlab._launch.launch``).
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from .._launch import LaunchCache, first_launch, launch
 from .._runtime import kernel_device_type
 from ..checks import check_tensor
 
@@ -70,6 +72,10 @@ def _rope_kernel(
                   cos[None, :], sin[None, :], half, BLOCK_HK, BLOCK_D)  # fmt: skip
 
 
+# The compiled kernel per call signature: Triton's launcher binds 22 arguments on every call.
+_LAUNCHES = LaunchCache(first_launch)
+
+
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -84,30 +90,22 @@ def _launch(q, k, cos, sin, backward: bool):
     block_hq, block_hk = triton.next_power_of_2(n_q_heads), triton.next_power_of_2(n_k_heads)
     block_d = triton.next_power_of_2(head_dim // 2)
     num_warps = 4 if max(block_hq, block_hk) * block_d <= 2048 else 8
-    _rope_kernel[(batch * seq_len,)](
-        q,
-        k,
-        cos,
-        sin,
-        q_out,
-        k_out,
-        seq_len,
-        n_q_heads,
-        n_k_heads,
-        head_dim // 2,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        k.stride(0),
-        k.stride(1),
-        k.stride(2),
-        cos.stride(0),
-        sin.stride(0),
-        BACKWARD=backward,
-        BLOCK_HQ=block_hq,
-        BLOCK_HK=block_hk,
-        BLOCK_D=block_d,
-        num_warps=num_warps,
+    launch(
+        _LAUNCHES,
+        _rope_kernel,
+        (batch * seq_len,),
+        (q, k, cos, sin, q_out, k_out),
+        (
+            seq_len,
+            n_q_heads,
+            n_k_heads,
+            head_dim // 2,
+            *q.stride()[:3],
+            *k.stride()[:3],
+            cos.stride(0),
+            sin.stride(0),
+        ),
+        dict(BACKWARD=backward, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_D=block_d, num_warps=num_warps),
     )
     return q_out, k_out
 
