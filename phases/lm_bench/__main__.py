@@ -32,6 +32,7 @@ from .bench import (
     GPU_CONTEXTS,
     GPU_SIZES,
     MODES,
+    OPTIMIZERS,
     OURS_VARIANTS,
     WARMUP_STEPS,
     accumulation_rows,
@@ -42,7 +43,7 @@ from .bench import (
     warmup_cells,
 )
 from .report import REPORT
-from .study import PROFILE_MODES, compile_jobs, memory_jobs, profile_jobs, run_jobs
+from .study import PROFILE_MODES, PROFILE_VARIANTS, compile_jobs, memory_jobs, profile_jobs, run_jobs
 
 PHASE = "lm_bench"
 PARTS = {
@@ -155,10 +156,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--variants",
         nargs="+",
-        choices=OURS_VARIANTS,
-        default=list(OURS_VARIANTS),
+        choices=list(dict.fromkeys(OURS_VARIANTS + PROFILE_VARIANTS)),
+        default=None,
         metavar="VARIANT",
-        help=f"what ours times side by side, any of {', '.join(OURS_VARIANTS)} (default: all)",
+        help=f"what ours times side by side, any of {', '.join(OURS_VARIANTS)} (default: all); what "
+        f"profile traces, any of {', '.join(PROFILE_VARIANTS)} (default: eager-naive)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default=None,
+        help="the train step's AdamW: foreach (PyTorch's default) or fused (default: fused for ours, "
+        "foreach for timing and warmup)",
     )
     parser.add_argument(
         "--nvtx-attention",
@@ -188,6 +197,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.dtype = list(dict.fromkeys(args.dtype or dtypes))
     args.warmup = args.warmup if args.warmup is not None else (5 if ON_GPU else 1)
     args.steps = args.steps or (10 if ON_GPU else 2)
+    args.optimizer = args.optimizer or ("fused" if args.part == "ours" else "foreach")
+    allowed = {"ours": OURS_VARIANTS, "profile": PROFILE_VARIANTS}.get(args.part, ())
+    if args.variants and not set(args.variants) <= set(allowed):
+        wrong = " ".join(v for v in args.variants if v not in allowed)
+        parser.error(f"--variants {wrong}: the {args.part} part takes {', '.join(allowed) or 'no variants'}")
+    args.variants = args.variants or list(allowed[:1] if args.part == "profile" else allowed)
     if not ON_GPU:
         too_big = [s for s in args.size if s not in CPU_SIZES]
         if too_big:
@@ -252,6 +267,8 @@ def _profile_text(row: dict) -> str:
             f"#{row['rank']:<2d} {row['total_ms']:9.3f} ms {row['share']:6.1%} x{row['calls']:<5d} "
             f"{row['kernel'][:70]}"
         )
+    if row.get("table") == "total":
+        return f"all kernels {row['ms_per_step']:9.3f} ms/step ({row['calls']:.0f} launches/step)"
     return f"attention {row['component']:8s} {row['total_ms']:9.3f} ms/step, {row['flops']:.3g} FLOPs"
 
 
@@ -267,7 +284,7 @@ def _memory_text(row: dict) -> str:
 
 
 def print_profile(row: dict) -> None:
-    _print_study(f"  {row['size']} ctx {row['context']} {row['mode']} {row['dtype']}", row, _profile_text)
+    _print_study(f"  {row['variant']} {row['size']} ctx {row['context']} {row['mode']} {row['dtype']}", row, _profile_text)
 
 
 def print_memory(row: dict) -> None:
@@ -298,7 +315,7 @@ def main(argv=None) -> None:
         )
         if args.part == "profile":
             jobs = profile_jobs(*grid, warmup=args.warmup, top=args.top, nvtx_attention=args.nvtx_attention,
-                                **shared)  # fmt: skip
+                                variants=args.variants, optimizer=args.optimizer, **shared)  # fmt: skip
             run_jobs(writer, jobs, on_row=print_profile)
         elif args.part == "memory":
             jobs = memory_jobs(*grid, batch=args.batch, snapshot_context=args.snapshot_context)
@@ -312,16 +329,20 @@ def main(argv=None) -> None:
         elif args.part == "timing":
             run_cells(
                 writer,
-                timing_cells(*grid, warmup=args.warmup, attention=args.attention, **shared),
+                timing_cells(
+                    *grid, warmup=args.warmup, attention=args.attention, optimizer=args.optimizer, **shared
+                ),
                 on_row=print_step,
             )
         elif args.part == "warmup":
-            run_cells(writer, warmup_cells(*grid, attention=args.attention, **shared), on_row=print_step)
+            run_cells(writer, warmup_cells(*grid, attention=args.attention, optimizer=args.optimizer, **shared),
+                      on_row=print_step)  # fmt: skip
         else:
             from common.timing import compile_in_process
 
             compile_in_process()  # the compiled baselines' compiles: no pool of workers beside the timed steps
-            cells = ours_cells(*grid, warmup=args.warmup, variants=args.variants, **shared)
+            cells = ours_cells(*grid, warmup=args.warmup, variants=args.variants, optimizer=args.optimizer,
+                               **shared)  # fmt: skip
             run_cells(writer, cells, total=ours_total(*grid, variants=args.variants), on_row=print_step)
 
 

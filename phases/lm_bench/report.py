@@ -35,6 +35,9 @@ def _part(df: pd.DataFrame, part: str) -> pd.DataFrame:
     rows = df.loc[df["part"].astype(str) == part].copy()
     if "context" in rows:  # parts without a context (precision) leave NaNs that make the column float
         rows["context"] = pd.to_numeric(rows["context"], errors="coerce").astype("Int64")
+    if "mode" in rows:  # rows from before the optimizer column: train steps with PyTorch's default AdamW
+        default = rows["mode"].map(lambda mode: "foreach" if mode == "train" else "none")
+        rows["optimizer"] = rows["optimizer"].fillna(default) if "optimizer" in rows else default
     if "size" in rows:
         rows["_order"] = rows["size"].map(SIZE_ORDER).fillna(9)
         rows["_mode"] = rows["mode"].map(MODE_ORDER).fillna(9) if "mode" in rows else 0
@@ -46,7 +49,7 @@ def _part(df: pd.DataFrame, part: str) -> pd.DataFrame:
 # A part's cell: the rows one run measured side by side (eager beside compile, ours beside eager).
 # Per cell the newest run counts, so a part split over several runs (sizes or dtypes apart) shows
 # every cell; memory's peak rows differ by head, the others by what the key names.
-CELL_KEYS = ["size", "context", "mode", "dtype", "warmup", "head"]
+CELL_KEYS = ["size", "context", "mode", "dtype", "optimizer", "warmup", "head"]
 
 
 def _latest_cells(rows: pd.DataFrame) -> pd.DataFrame:
@@ -147,11 +150,11 @@ def _ours(rows: pd.DataFrame) -> str:
     timed = rows.loc[(rows["variant"] != "check") & (rows["status"] == "ok")]
     if not timed.empty:
         wide = timed.pivot_table(
-            index=["size", "context", "mode", "dtype"], columns="variant", values="mean_ms"
+            index=["size", "context", "mode", "dtype", "optimizer"], columns="variant", values="mean_ms"
         )
         wide = wide.reset_index()
         wide["_order"] = wide["size"].map(SIZE_ORDER)
-        wide = wide.sort_values(["dtype", "_order", "context", "mode"])
+        wide = wide.sort_values(["dtype", "_order", "context", "mode", "optimizer"])
         present = [v for v in EAGER if v in wide]
         compiled = [v for v in COMPILED if v in wide]
         ours = [v for v in OURS if v in wide]
@@ -162,7 +165,7 @@ def _ours(rows: pd.DataFrame) -> str:
         for v in ours if compiled else []:
             speedups.append(f"{v} vs compile")
             wide[speedups[-1]] = wide[compiled].min(axis=1) / wide[v]
-        cols = ["size", "context", "mode", "dtype", *present, *compiled, *ours]
+        cols = ["size", "context", "mode", "dtype", "optimizer", *present, *compiled, *ours]
         out.append("\nMean step time (ms), and speedups (the baseline's time over ours). `compile-sdpa`: the "
                    "SDPA model's loss under `torch.compile` (default mode), AdamW eager; `compile-ro-sdpa`: the same "
                    "with `mode=\"reduce-overhead\"` (Inductor's CUDA graphs; `vs compile` takes the faster of "
@@ -170,22 +173,36 @@ def _ours(rows: pd.DataFrame) -> str:
                    "the output layer into the loss; `ours+graphs` replays ours' whole train step -- forward, "
                    "backward and AdamW (`capturable=True`) -- from one CUDA graph "
                    "(`tritonlab.graphs.GraphedStep`); `mixed+graphs` is that with PyTorch's SDPA attention in place of "
-                   "flash2's:\n\n"
+                   "flash2's. `optimizer`: every variant of a row steps the same AdamW, PyTorch's `foreach` "
+                   "(its default) or `fused` (one pass over weights and moments; the part's default since "
+                   "2026-11-26):\n\n"
                    + markdown_table(wide, [*cols, *speedups]))  # fmt: skip
     return "\n".join(out) + failures_table(rows.loc[rows["variant"] != "check"])
 
 
 def _profile(rows: pd.DataFrame) -> str:
-    out = ["## profile\n", "torch.profiler over the timed steps (after warm-up), naive attention: the top CUDA "
+    out = ["## profile\n", "torch.profiler over the timed steps (after warm-up), naive attention unless the "
+           "variant says otherwise: the top CUDA "
            "kernels by total time (`share` of all kernel time in the profile), for forward only and for a "
            "full train step (forward, backward, AdamW). Forward, backward and the optimizer step sit in NVTX "
            "ranges for Nsight Systems (`--nvtx-attention` adds scores / softmax / weighted sum).\n"]  # fmt: skip
     ok = _ok(rows)
+    totals = ok.loc[ok["table"] == "total"] if "table" in ok else ok.iloc[:0]
+    if not totals.empty:
+        wide = totals.pivot_table(index=["size", "context", "dtype", "mode", "optimizer"], columns="variant",
+                                  values="ms_per_step", sort=False).reset_index()  # fmt: skip
+        out += ["\n### kernel time per step, by variant\n", "The GPU time of every kernel of one step (ms), "
+                "without the host's gaps between them: what the step costs once launches are out of the way "
+                "(CUDA graphs).\n", markdown_table(wide)]  # fmt: skip
     kernels = ok.loc[ok["table"] == "kernels"] if "table" in ok else ok.iloc[:0]
-    for keys, group in kernels.groupby(["size", "context", "dtype", "mode"], sort=False):
-        size, context, dtype, mode = keys
-        out.append(f"\n### {size}, context {context}, {dtype}, {mode}\n")
-        out.append(markdown_table(group, _cols(group, ["rank", "kernel", "calls", "total_ms", "share"])))
+    for keys, group in kernels.groupby(
+        ["size", "context", "dtype", "mode", "variant", "optimizer"], sort=False
+    ):
+        size, context, dtype, mode, variant, optimizer = keys
+        adam = f", AdamW {optimizer}" if optimizer != "none" else ""
+        out.append(f"\n### {variant}: {size}, context {context}, {dtype}, {mode}{adam}\n")
+        cols = ["rank", "kernel", "calls", "total_ms", "ms_per_step", "share"]
+        out.append(markdown_table(group, _cols(group, cols)))
         top = group.sort_values("total_ms", ascending=False).iloc[0]
         out.append(f"\nThe top kernel `{str(top['kernel'])[:80]}` takes {top['share']:.0%} of kernel time.\n")
     att = ok.loc[ok["table"] == "attention"] if "table" in ok else ok.iloc[:0]
@@ -331,18 +348,23 @@ def headline(df: pd.DataFrame) -> list[Verdict]:
     for size in GOAL_SIZES:
         for context in GOAL_CONTEXTS:
             for against, baselines, goal in (("eager", EAGER, GOAL), ("compile", COMPILED, COMPILE_GOAL)):
-                cell = f"{size}, context {context}, train step, bf16, vs {against}"
-                found = None
-                if not ours.empty:
-                    found = best_baseline_verdict(
-                        PHASE, ours, cell=cell, where={"size": size, "context": context, "mode": "train",
-                                                       "dtype": "bf16"},
-                        ours=OURS, baselines=baselines, goal=goal, metric="mean_ms",
-                    )  # fmt: skip
-                verdicts.append(
-                    found or Verdict(PHASE, cell, "ours", f"{against} bf16", float("nan"), goal, gpu, "")
-                )
+                verdicts.append(_goal_verdict(ours, size, context, against, baselines, goal, gpu))
     return verdicts
+
+
+def _goal_verdict(ours: pd.DataFrame, size, context, against, baselines, goal, gpu) -> Verdict:
+    """One goal cell's verdict, from the fused-AdamW rows where there are some (every variant then steps
+    the optimizer a user would pick), else the foreach ones; the cell names the optimizer."""
+    for optimizer in ("fused", "foreach"):
+        cell = f"{size}, context {context}, train step, bf16, AdamW {optimizer}, vs {against}"
+        where = {"size": size, "context": context, "mode": "train", "dtype": "bf16", "optimizer": optimizer}
+        found = None if ours.empty else best_baseline_verdict(
+            PHASE, ours, cell=cell, where=where, ours=OURS, baselines=baselines, goal=goal, metric="mean_ms"
+        )  # fmt: skip
+        if found:
+            return found
+    cell = f"{size}, context {context}, train step, bf16, vs {against}"
+    return Verdict(PHASE, cell, "ours", f"{against} bf16", float("nan"), goal, gpu, "")
 
 
 REPORT = PhaseReport(PHASE, TITLE, render, headline)

@@ -21,9 +21,23 @@ from common.results import ResultWriter, failure_row
 from common.timing import cuda_kernel_events, nvtx_range
 from tritonlab.models import HEADS, LM_SIZES, TransformerLM, lm_config, param_count, random_batch
 
-from .bench import Plan, autocast, components_for, make_step, step_row, sync, time_steps
+from .bench import (  # the step and its parts, shared with the timed cells: a declaration, not logic
+    Plan,
+    adamw,
+    autocast,
+    compile_mode,
+    components_for,
+    make_step,
+    skip_reason,
+    step_row,
+    sync,
+    time_steps,
+)
 
 PROFILE_MODES = ("forward", "train")
+# What the profile part can trace kernel by kernel: eager launches or the default compile (the graphed
+# variants replay one CUDA graph; "mixed" is mixed+graphs' components launched eagerly, the same kernels).
+PROFILE_VARIANTS = ("eager-naive", "eager-sdpa", "compile-sdpa", "ours", "mixed")
 CPU_SKIP = "no CUDA GPU: the CPU has no caching allocator to ask for peaks or record a history of"
 
 
@@ -78,11 +92,13 @@ def _build(size: str, context: int, variant: str = "eager-naive") -> Transformer
 # --- profile ---------------------------------------------------------------------------------------
 
 
-def ranged_step(model: TransformerLM, mode: str, dtype: str, batch: int, context: int) -> Callable[[], None]:
+def ranged_step(
+    model: TransformerLM, mode: str, dtype: str, batch: int, context: int, optimizer: str = "foreach"
+) -> Callable[[], None]:
     """One step of ``mode`` with NVTX ranges (and profiler ranges) around forward, backward and the
-    optimizer step."""
+    optimizer step (``optimizer``: which AdamW)."""
     tokens, targets = random_batch(model.cfg, batch, context, device=DEVICE)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if mode == "train" else None
+    optimizer = adamw(model, optimizer) if mode == "train" else None
 
     def stage(name: str):
         return _Both(name)
@@ -127,9 +143,9 @@ def _self_device_ms(evt) -> float:
     return getattr(evt, "self_device_time_total", getattr(evt, "self_cuda_time_total", 0.0)) / 1e3
 
 
-def kernel_table(events, top: int) -> list[dict]:
-    """The top ``top`` CUDA kernels by total time (on the CPU: CPU ops by self time), each with its
-    share of the profile's total."""
+def kernel_table(events, top: int | None) -> list[dict]:
+    """The top ``top`` CUDA kernels by total time (on the CPU: CPU ops by self time; None: all), each
+    with its share of the profile's total."""
     if ON_GPU:
         timed = [(e.key, e.count, _self_device_ms(e)) for e in cuda_kernel_events(events)]
         what = "cuda kernel"
@@ -185,11 +201,18 @@ def attention_rows(events, cfg, batch: int, context: int, steps: int) -> list[di
     return rows
 
 
-def profile_one(size, context, mode, dtype, batch, warmup, steps, top, variant) -> list[dict]:
+def profile_one(size, context, mode, dtype, batch, warmup, steps, top, variant, optimizer) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
+    reason = skip_reason(variant, mode)
+    if reason:
+        return [{"status": "skipped", "error": reason}]
     model = _build(size, context, variant)
-    step = ranged_step(model, mode, dtype, batch, context)
+    if compile_mode(variant):
+        torch._dynamo.reset()
+        model.loss = torch.compile(model.loss)  # compiled by the first warm-up step
+        warmup = max(warmup, 1)
+    step = ranged_step(model, mode, dtype, batch, context, optimizer)
     for _ in range(warmup):
         step()
     sync()
@@ -199,7 +222,11 @@ def profile_one(size, context, mode, dtype, batch, warmup, steps, top, variant) 
             step()
         sync()
     events = prof.key_averages()
-    rows = [{"table": "kernels", **r} for r in kernel_table(events, top)]
+    every = kernel_table(events, top=None)
+    rows = [{"table": "kernels", **r, "ms_per_step": r["total_ms"] / steps} for r in every[:top]]
+    total_ms = sum(r["total_ms"] for r in every)
+    rows.append({"table": "total", "kernel": "all", "calls": sum(r["calls"] for r in every) / steps,
+                 "total_ms": total_ms, "ms_per_step": total_ms / steps})  # fmt: skip
     if mode == "forward":
         rows += [
             {"table": "attention", **r} for r in attention_rows(events, model.cfg, batch, context, steps)
@@ -208,22 +235,28 @@ def profile_one(size, context, mode, dtype, batch, warmup, steps, top, variant) 
 
 
 def profile_jobs(
-    sizes, contexts, modes, dtypes, *, batch, warmup, steps, top, nvtx_attention
-) -> Iterator[Job]:
-    # The ranges inside attention come with a component of their own: the default path stays as is.
-    variant = "eager-naive-ranges" if nvtx_attention else "eager-naive"
+    sizes, contexts, modes, dtypes, *, batch, warmup, steps, top, nvtx_attention,
+    variants=("eager-naive",), optimizer="foreach",
+) -> Iterator[Job]:  # fmt: skip
     for dtype in dtypes:
         for size in sizes:
             for context in contexts:
                 for mode in modes:
-                    key = _key("profile", "eager-naive", size, context, mode, dtype, batch, warmup=warmup,
-                               steps=steps, nvtx_attention=nvtx_attention)  # fmt: skip
-                    yield Job(
-                        key,
-                        lambda a=(size, context, mode, dtype): profile_one(
-                            *a, batch, warmup, steps, top, variant
-                        ),
-                    )
+                    for variant in variants:
+                        # The ranges inside naive attention come with a component of their own: the
+                        # default path stays as is.
+                        built = (
+                            f"{variant}-ranges" if nvtx_attention and variant == "eager-naive" else variant
+                        )
+                        key = _key("profile", variant, size, context, mode, dtype, batch, warmup=warmup,
+                                   steps=steps, nvtx_attention=nvtx_attention,
+                                   optimizer=optimizer if mode == "train" else "none")  # fmt: skip
+                        yield Job(
+                            key,
+                            lambda a=(size, context, mode, dtype, batch, warmup, steps, top, built): (
+                                profile_one(*a, optimizer)
+                            ),
+                        )
 
 
 # --- memory ----------------------------------------------------------------------------------------

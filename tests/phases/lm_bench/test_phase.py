@@ -299,19 +299,19 @@ def test_the_report_renders_and_gives_the_issues_verdict(tmp_path):
     verdicts = {v.cell: v for v in report.headline(_gpu_rows())}
     assert len(verdicts) == 16  # medium, large, xl, 2.7B x context 512, 1024 x eager, compile
     # The fastest of our variants counts: the graphed step at 512, the plain one at 1024.
-    met = verdicts["medium, context 512, train step, bf16, vs eager"]
+    met = verdicts["medium, context 512, train step, bf16, AdamW foreach, vs eager"]
     assert met.ours == "ours+graphs" and met.baseline == "eager-sdpa" and abs(met.ratio - 80 / 50) < 1e-9
     assert met.verdict() == "met"
-    met = verdicts["medium, context 512, train step, bf16, vs compile"]
+    met = verdicts["medium, context 512, train step, bf16, AdamW foreach, vs compile"]
     assert met.baseline == "compile-sdpa" and abs(met.ratio - 70 / 50) < 1e-9 and met.goal == 1.05
-    missed = verdicts["medium, context 1024, train step, bf16, vs eager"]
+    missed = verdicts["medium, context 1024, train step, bf16, AdamW foreach, vs eager"]
     assert (
         missed.ours == "ours"
         and abs(missed.ratio - 150 / 140) < 1e-9
         and missed.verdict().startswith("missed")
     )
     # against compile, the faster of the default and the reduce-overhead modes (110 against 120 ms)
-    missed = verdicts["medium, context 1024, train step, bf16, vs compile"]
+    missed = verdicts["medium, context 1024, train step, bf16, AdamW foreach, vs compile"]
     assert missed.baseline == "compile-ro-sdpa" and abs(missed.ratio - 110 / 140) < 1e-9
     assert missed.verdict().startswith("missed")
     assert verdicts["xl, context 512, train step, bf16, vs eager"].verdict() == "not measured"
@@ -341,6 +341,41 @@ def test_the_report_renders_and_gives_the_issues_verdict(tmp_path):
     )
 
 
+def test_the_verdict_takes_the_fused_adamw_run_and_names_the_optimizer():
+    # a later run of the same cell with every variant on fused AdamW: its own ratio, not a mix of the two
+    rows = _gpu_rows()
+    fused = rows.loc[(rows["part"] == "ours") & (rows["context"] == 512) & (rows["variant"] != "check")]
+    fused = fused.assign(optimizer="fused", mean_ms=fused["mean_ms"] * 0.5, run_group="g9",
+                         utc="2026-11-27T00:00:00Z")  # fmt: skip
+    fused.loc[fused["variant"] == "eager-sdpa", "mean_ms"] = 30.0
+    report = phase_module("lm_bench", "report")
+    verdicts = {v.cell: v for v in report.headline(pd.concat([rows, fused], ignore_index=True))}
+    v = verdicts["medium, context 512, train step, bf16, AdamW fused, vs eager"]
+    assert v.ours == "ours+graphs" and abs(v.ratio - 30.0 / 25.0) < 1e-9
+    assert "medium, context 512, train step, bf16, AdamW foreach, vs eager" not in verdicts
+    # the cell without fused rows keeps its foreach verdict
+    assert verdicts["medium, context 1024, train step, bf16, AdamW foreach, vs eager"].ours == "ours"
+
+
+def test_the_profile_compares_variants_kernel_time_per_step(tmp_path):
+    rows = _gpu_rows()
+    extra = [
+        {**rows.iloc[0].to_dict(), "part": "profile", "variant": variant, "size": "large", "context": 1024,
+         "mode": "train", "dtype": "bf16", "optimizer": "fused", "table": table, "kernel": kernel, "rank": rank,
+         "calls": 10, "total_ms": ms * 3, "ms_per_step": ms, "share": 0.5, "status": "ok"}
+        for variant, base in (("mixed", 60.0), ("compile-sdpa", 55.0))
+        for table, kernel, rank, ms in (("kernels", "nvjet_gemm", 1, 30.0), ("total", "all", None, base))
+    ]  # fmt: skip
+    text = phase_module("lm_bench", "report").render(
+        pd.concat([rows, pd.DataFrame(extra)], ignore_index=True), Figures("lm_bench", tmp_path, GPU)
+    )
+    assert "### kernel time per step, by variant" in text
+    assert "### mixed: large, context 1024, bf16, train, AdamW fused" in text
+    assert "### eager-naive: small, context 512, bf16, train, AdamW foreach" in text
+    table = text.split("### kernel time per step, by variant")[1].split("###")[0]
+    assert "| 55 " in table.replace("55.0", "55") and "| 60 " in table.replace("60.0", "60")
+
+
 def test_without_gpu_rows_every_goal_cell_is_not_measured():
     report = phase_module("lm_bench", "report")
     verdicts = report.headline(pd.DataFrame())
@@ -353,7 +388,7 @@ def test_verdicts_survive_the_float_context_a_csv_with_precision_rows_gives(tmp_
     rows = _gpu_rows().assign(context=lambda d: pd.to_numeric(d["context"], errors="coerce"))
     report = phase_module("lm_bench", "report")
     verdicts = {v.cell: v for v in report.headline(rows)}
-    assert verdicts["medium, context 512, train step, bf16, vs eager"].verdict() == "met"
+    assert verdicts["medium, context 512, train step, bf16, AdamW foreach, vs eager"].verdict() == "met"
     assert "512.0" not in report.render(rows, Figures("lm_bench", tmp_path, GPU))
 
 
