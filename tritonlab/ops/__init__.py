@@ -1,13 +1,14 @@
-"""Training primitives in Triton: RMSNorm, GELU, SwiGLU, GEGLU, RoPE, (fused linear) cross-entropy and FP8 quantisation.
+"""Training primitives in Triton: RMSNorm (alone or fused after a residual add), GELU, SwiGLU, GEGLU, RoPE, (fused linear) cross-entropy and FP8 quantisation.
 
 Each is a function (autograd-aware, fp32 inside whatever the input dtype) and, where one is expected,
 an ``nn.Module``::
 
-    from tritonlab.ops import rms_norm, gelu, swiglu, geglu, rope, rope_cache, cross_entropy, quantize_fp8
+    from tritonlab.ops import rms_norm, add_rms_norm, gelu, swiglu, geglu, rope, rope_cache, cross_entropy, quantize_fp8
 
     y = rms_norm(x, weight)                   # any leading shape, hidden <= 65536
     y = rms_norm(x)                           # no weight; rms_norm(x, w, offset=1.0): x_hat * (1 + w)
     y = rms_norm(x, weight, out_dtype=torch.bfloat16)  # y for the next bf16 matmul; dx in x's dtype
+    s, y = add_rms_norm(x, branch, weight)    # s = x + branch (x's dtype), y = rms_norm(s, weight)
     y = gelu(x, approximate="tanh")           # or "none" (erf)
     y = swiglu(gate, up)                      # silu(gate) * up
     y = geglu(gate, up)                       # gelu_tanh(gate) * up
@@ -24,7 +25,7 @@ from .activations import GEGLU, GELU, SwiGLU, geglu, gelu, swiglu
 from .cross_entropy import CrossEntropyLoss, cross_entropy
 from .fp8 import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_fp8
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
-from .rms_norm import RMSNorm, rms_norm
+from .rms_norm import RMSNorm, add_rms_norm, rms_norm
 from .rope import RotaryEmbedding, rope, rope_cache
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "SwiGLU",
+    "add_rms_norm",
     "cross_entropy",
     "dequantize_fp8",
     "fused_linear_cross_entropy",

@@ -343,6 +343,7 @@ def test_public_api_is_exactly_the_ops():
             "RMSNorm",
             "RotaryEmbedding",
             "SwiGLU",
+            "add_rms_norm",
             "cross_entropy",
             "dequantize_fp8",
             "geglu",

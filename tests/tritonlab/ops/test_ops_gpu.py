@@ -16,7 +16,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonlab.ops import cross_entropy, geglu, gelu, quantize_fp8, rms_norm, rope, rope_cache, swiglu
+from tritonlab.ops import (
+    add_rms_norm,
+    cross_entropy,
+    geglu,
+    gelu,
+    quantize_fp8,
+    rms_norm,
+    rope,
+    rope_cache,
+    swiglu,
+)
 from tritonlab.testing import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -195,6 +205,51 @@ def test_rms_norm_fp32_matches_float64(shape):
     for name, (got, ref) in _rms_norm_fp32(shape).items():
         assert got.dtype == torch.float32, name
         assert rel_err(got, ref) < FP32_TOL, name
+
+
+def _add_rms_norm_case(shape, x_dtype, r_dtype, out_dtype):
+    """add_rms_norm's s, y and gradients (x, residual, weight; ds and dy both flowing back) with the
+    float64 references of the same inputs, and the size of g's terms (they cancel at width 1)."""
+    x = torch.randn(shape, device="cuda").to(x_dtype).requires_grad_()
+    r = (0.5 * torch.randn(shape, device="cuda")).to(r_dtype).requires_grad_()
+    w = (1 + 0.3 * torch.randn(shape[-1], device="cuda")).to(x_dtype).requires_grad_()
+    s, y = add_rms_norm(x, r, w, out_dtype=out_dtype)
+    dy = torch.randn(shape, device="cuda").to(y.dtype)
+    ds = torch.randn(shape, device="cuda").to(x_dtype)
+    grads = torch.autograd.grad((s, y), (x, r, w), (ds, dy))
+    xr, rr, wr = gpu64(x), gpu64(r), gpu64(w)
+    sr = xr + rr
+    rstd = torch.rsqrt(sr.pow(2).mean(-1, keepdim=True) + 1e-6)
+    yr = sr * rstd * wr
+    refs = torch.autograd.grad((sr, yr), (xr, rr, wr), (ds.double(), dy.double()))
+    terms = (dy.double() * wr.detach() * rstd.detach()).norm().item() + ds.double().norm().item()
+    return (s, y, *grads), (sr, yr, *refs), terms
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 4097), (4096, 1280), (3, 65536)])
+def test_add_rms_norm_bf16(shape):
+    (s, y, gx, gr, gw), (sr, yr, gxr, grr, gwr), terms = _add_rms_norm_case(
+        shape, torch.bfloat16, torch.bfloat16, None
+    )
+    assert s.dtype == y.dtype == gx.dtype == gr.dtype == gw.dtype == torch.bfloat16
+    assert torch.equal(s, sr.detach().float().bfloat16())  # one fp32 add (exact here), rounded once
+    assert rel_err(y, yr) < BF16_TOL and rel_err(gw, gwr) < BF16_TOL
+    assert rel_err(gx, gxr, scale=terms) < BF16_TOL and gx.data_ptr() == gr.data_ptr()
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 4097), (4096, 1280), (3, 65536)])
+def test_add_rms_norm_fp32_stream_bf16_branch_bf16_out(shape):
+    # The LM under autocast: the float32 residual stream plus a bf16 branch output; y in bf16 for the
+    # next matmul, rounded once to nearest from the norm of the float32 sum; x's gradient in float32,
+    # the branch's the same values rounded to bf16.
+    (s, y, gx, gr, gw), (sr, yr, gxr, grr, gwr), terms = _add_rms_norm_case(
+        shape, torch.float32, torch.bfloat16, torch.bfloat16
+    )
+    assert s.dtype == gx.dtype == gw.dtype == torch.float32 and y.dtype == gr.dtype == torch.bfloat16
+    assert rel_err(s, sr) < FP32_TOL
+    assert ((y.double() - yr).abs() <= (2**-8 + 1e-5) * yr.abs()).all()
+    assert rel_err(gx, gxr, scale=terms) < FP32_TOL and rel_err(gw, gwr) < FP32_TOL
+    assert torch.equal(gr, gx.bfloat16()) and rel_err(gr, grr, scale=terms) < BF16_TOL
 
 
 @pytest.mark.parametrize("shape", [(8192, 4096), (4096, 1024)])
