@@ -8,10 +8,12 @@ one for CPU tests are in :data:`LM_SIZES`; :func:`param_count` is their closed-f
 Five parts are swappable through :class:`LMComponents`, as the TransformerNP's are: attention
 (``q, k, v`` of shape (B, H, T, D) -> (B, H, T, D), causal), RMSNorm (``x, weight, eps``), SwiGLU
 (``gate, up`` -> ``silu(gate) * up``), RoPE (``q, k`` of shape (B, T, H, D) and the (T, D/2) cos/sin
-tables, half rotation as in Llama / GPT-NeoX) and the loss (``logits (N, V), targets (N,)``).
+tables, half rotation as in Llama / GPT-NeoX) and the loss (``logits (N, V), targets (N,)``); a
+sixth, ``add_norm`` (``x, r, weight, eps`` -> ``(x + r, RMSNorm(x + r))``), is each residual add
+with the norm after it, fused where a components set has one (else the add, then ``norm``).
 :func:`torch_components` gives PyTorch's (naive attention by default, or SDPA), :func:`our_components`
-the library's Triton kernels: flash2's causal FlashAttention-2, and ``tritonlab.ops``' RMSNorm,
-SwiGLU, RoPE and cross-entropy::
+the library's Triton kernels: flash2's causal FlashAttention-2, and ``tritonlab.ops``' RMSNorm (and
+``add_rms_norm``), SwiGLU, RoPE and cross-entropy::
 
     cfg = lm_config("small", context_length=512)
     model = TransformerLM(cfg, our_components())          # or torch_components("sdpa")
@@ -210,6 +212,17 @@ def _rms_norm_triton(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return rms_norm(x, weight, eps, out_dtype=out_dtype)
 
 
+def _add_rms_norm_triton(x: Tensor, r: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``(x + r, RMSNorm(x + r))`` in one kernel each way (``tritonlab.ops.add_rms_norm``): the sum
+    in x's dtype (the float32 residual stream under autocast, r the bf16 branch output), the norm
+    in the autocast dtype under autocast, as :func:`_rms_norm_triton` writes it."""
+    from tritonlab.ops import add_rms_norm
+
+    device = x.device.type
+    out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return add_rms_norm(x, r, weight, eps, out_dtype=out_dtype)
+
+
 def _swiglu_triton(gate: Tensor, up: Tensor) -> Tensor:
     from tritonlab.ops import swiglu
 
@@ -265,6 +278,11 @@ class LMComponents:
     # (hidden (N, d), output weight (V, d), targets (N,)) -> mean loss; when set, the loss replaces
     # the output layer and ``loss`` together, and no full logits are made.
     head_loss: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+    # (x, r, weight, eps) -> (s, norm(s)) with s = x + r: a residual add and the norm after it, fused.
+    # None (PyTorch's): ``s = x + r`` and then ``norm``, the same operations as unfused, so a set
+    # whose ``norm`` is swapped (autoselect's dispatchers) norms every block through it. A set that
+    # has one must keep it the same function of its ``norm`` (the norm of x + r, s in x's dtype).
+    add_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]] | None = None
 
 
 HEADS = ("logits", "fused")
@@ -285,11 +303,13 @@ def torch_components(attention: str = "naive", head: str = "logits") -> LMCompon
 
 
 def our_components(head: str = "logits") -> LMComponents:
-    """Every part on the library's Triton kernels: FlashAttention-2 (causal), RMSNorm, SwiGLU, RoPE,
-    cross-entropy; ``head`` "fused" fuses the output layer into the loss (:func:`fused_head_loss`)."""
+    """Every part on the library's Triton kernels: FlashAttention-2 (causal), RMSNorm (the residual
+    adds fused into the norms after them), SwiGLU, RoPE, cross-entropy; ``head`` "fused" fuses the
+    output layer into the loss (:func:`fused_head_loss`)."""
     return LMComponents(
         attention=flash_causal_attention,
         norm=_rms_norm_triton,
+        add_norm=_add_rms_norm_triton,
         swiglu=_swiglu_triton,
         rope=_rope_triton,
         loss=_cross_entropy_triton,
@@ -301,13 +321,21 @@ def our_components(head: str = "logits") -> LMComponents:
 
 
 class RMSNorm(nn.Module):
+    """``norm(x)``; with a ``residual``, the pair ``(x + residual, norm(x + residual))`` -- the
+    components' ``add_norm`` where they have one, else the add and then ``norm``."""
+
     def __init__(self, d_model: int, eps: float, components: LMComponents):
         super().__init__()
         self.eps, self.components = eps, components
         self.weight = nn.Parameter(torch.ones(d_model))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.components.norm(x, self.weight, self.eps)
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        if residual is None:
+            return self.components.norm(x, self.weight, self.eps)
+        if self.components.add_norm is not None:
+            return self.components.add_norm(x, residual, self.weight, self.eps)
+        s = x + residual
+        return s, self.components.norm(s, self.weight, self.eps)
 
 
 class CausalSelfAttention(nn.Module):
@@ -343,7 +371,13 @@ class SwiGLUFeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attention(RMSNorm(x)), then + feed-forward(RMSNorm(·))."""
+    """x + attention(RMSNorm(x)), then + feed-forward(RMSNorm(·)).
+
+    Each residual add is made by the norm that follows it (``RMSNorm(x, r)``, the components'
+    ``add_norm``), so a block takes the stream ``x`` with the previous block's feed-forward output
+    ``r`` not yet added (None for the first block) and returns ``(x, r)`` the same way: its stream
+    after the attention's add, and its feed-forward output, which the next block's ln1 (or the final
+    norm) adds."""
 
     def __init__(self, cfg: LMConfig, components: LMComponents):
         super().__init__()
@@ -352,9 +386,13 @@ class Block(nn.Module):
         self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps, components)
         self.ffn = SwiGLUFeedForward(cfg, components)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x), cos, sin)
-        return x + self.ffn(self.ln2(x))
+    def forward(self, x: Tensor, r: Tensor | None, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        if r is None:
+            h = self.ln1(x)
+        else:
+            x, h = self.ln1(x, r)
+        x, h = self.ln2(x, self.attn(h, cos, sin))
+        return x, self.ffn(h)
 
 
 class TransformerLM(nn.Module):
@@ -393,10 +431,11 @@ class TransformerLM(nn.Module):
     def hidden(self, tokens: Tensor) -> Tensor:
         """The final RMSNorm's output (B, T, d_model): what the output layer multiplies."""
         self.check_tokens(tokens)
-        x = self.token_embeddings(tokens)
+        x, r = self.token_embeddings(tokens), None
         for layer in self.layers:
-            x = layer(x, self.rope_cos, self.rope_sin)
-        return self.ln_final(x)
+            x, r = layer(x, r, self.rope_cos, self.rope_sin)  # r: the FFN output, added by the next norm
+        _, h = self.ln_final(x, r)  # n_layers >= 1: there is always the last FFN's output to add
+        return h
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.lm_head(self.hidden(tokens))

@@ -124,6 +124,131 @@ def test_our_norm_writes_the_autocast_dtype_that_the_next_matmul_takes():
     assert norm(x, w, 1e-5).dtype == torch.float32  # no autocast: x's dtype
 
 
+def test_our_add_norm_is_the_add_then_the_norm_in_the_autocast_dtype():
+    """Ours fuses the add into the norm: the same s (x's dtype, float32) and the norm of it written in
+    the autocast dtype, as PyTorch's add then norm (cast by autocast) give; gradients in each input's
+    dtype, the branch output's in its own half precision."""
+    add_norm = our_components().add_norm
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 5, 48, generator=g).to(DEVICE).requires_grad_()
+    r = torch.randn(3, 5, 48, generator=g).to(DEVICE).to(dtype).requires_grad_()
+    w = torch.randn(48, generator=g).to(DEVICE).requires_grad_()
+    with torch.autocast(DEVICE.type, dtype=dtype):
+        s, y = add_norm(x, r, w, 1e-5)
+        want_s = x + r
+        want_y = torch_components().norm(want_s, w, 1e-5)
+    assert s.dtype == torch.float32 and y.dtype == dtype and torch.equal(s, want_s)
+    assert rel_err(y, want_y) < 4e-3
+    dx, dr, dw = torch.autograd.grad((s, y), (x, r, w), (torch.ones_like(s), torch.ones_like(y)))
+    assert dx.dtype == dw.dtype == torch.float32 and dr.dtype == dtype
+    s, y = add_norm(x, r.float(), w, 1e-5)  # no autocast: x's dtype
+    assert s.dtype == y.dtype == torch.float32
+
+
+def _old_hidden(model: TransformerLM, tokens):
+    """The forward before the adds moved into the norms, written out: x + attn(ln1(x)), then
+    + ffn(ln2(x)), each norm on its own."""
+    c = model.components
+    x = model.token_embeddings(tokens)
+    for layer in model.layers:
+        x = x + layer.attn(c.norm(x, layer.ln1.weight, layer.ln1.eps), model.rope_cos, model.rope_sin)
+        x = x + layer.ffn(c.norm(x, layer.ln2.weight, layer.ln2.eps))
+    return c.norm(x, model.ln_final.weight, model.ln_final.eps)
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_pytorchs_components_compute_what_they_did_before_the_fused_adds(attention):
+    """PyTorch's components run the same operations in the same order as the unfused forward: loss
+    and every gradient bit for bit (the baselines are unchanged)."""
+    cfg = lm_config("tiny", 32)
+    tokens, targets = random_batch(cfg, 2, 24, device=DEVICE, generator=torch.Generator().manual_seed(6))
+    torch.manual_seed(0)
+    model = TransformerLM(cfg, torch_components(attention)).to(DEVICE)
+    results = []
+    for hidden in (model.hidden, lambda t: _old_hidden(model, t)):
+        model.zero_grad(set_to_none=True)
+        logits = model.lm_head(hidden(tokens))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1))
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (new_loss, new_grads), (old_loss, old_grads) = results
+    assert torch.equal(new_loss, old_loss) and torch.equal(model.loss(tokens, targets).detach(), old_loss)
+    for got, want in zip(new_grads, old_grads, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_parameter_names_are_unchanged():
+    model = TransformerLM(lm_config("tiny", 16), our_components())
+    per_layer = ["ln1.weight", "attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight",
+                 "attn.output_proj.weight", "ln2.weight", "ffn.w1.weight", "ffn.w3.weight", "ffn.w2.weight"]  # fmt: skip
+    assert list(model.state_dict()) == [
+        "token_embeddings.weight",
+        *(f"layers.{i}.{name}" for i in range(2) for name in per_layer),
+        "ln_final.weight",
+        "lm_head.weight",
+    ]
+
+
+@pytest.mark.parametrize("variant", ["ours", "mixed"])
+def test_every_residual_add_goes_through_the_fused_add_norm(variant):
+    """Ours (and ours with SDPA attention, lm_bench's "mixed"): the first block's ln1 is a plain norm
+    (nothing to add yet); each other norm -- ln1 after the previous block's FFN, ln2 after the
+    attention, the final norm after the last FFN -- adds its residual itself."""
+    from dataclasses import replace
+
+    from tritonlab.models import LM_ATTENTIONS
+
+    base = our_components()
+    if variant == "mixed":
+        base = replace(base, attention=LM_ATTENTIONS["sdpa"])
+    calls = {"norm": 0, "add_norm": 0}
+
+    def counted(name, fn):
+        def call(*args):
+            calls[name] += 1
+            return fn(*args)
+
+        return call
+
+    components = replace(base, norm=counted("norm", base.norm), add_norm=counted("add_norm", base.add_norm))
+    cfg = lm_config("tiny", 16)
+    model = TransformerLM(cfg, components).to(DEVICE)
+    tokens, targets = random_batch(cfg, 1, 8, device=DEVICE, generator=torch.Generator().manual_seed(7))
+    model.loss(tokens, targets).backward()
+    assert calls == {"norm": 1, "add_norm": 2 * cfg.n_layers}
+
+
+def test_our_components_match_pytorchs_under_autocast():
+    """The mixed-dtype path: a float32 residual stream, half-precision branch outputs and norms;
+    the tolerances of lm_bench's bf16 check (loss 2e-2, gradients 6e-2)."""
+    cfg = lm_config("tiny", 32)
+    tokens, targets = random_batch(cfg, 2, 32, device=DEVICE, generator=torch.Generator().manual_seed(8))
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16
+    results = []
+    for components in (torch_components("naive"), our_components()):
+        torch.manual_seed(0)
+        model = TransformerLM(cfg, components).to(DEVICE)
+        with torch.autocast(DEVICE.type, dtype=dtype):
+            loss = model.loss(tokens, targets)
+        loss.backward()
+        results.append((loss.detach().float(), [p.grad.float() for p in model.parameters()]))
+    (ref_loss, ref_grads), (loss, grads) = results
+    assert rel_err(loss, ref_loss) < 2e-2
+    for (name, _), got, ref in zip(TransformerLM(cfg).named_parameters(), grads, ref_grads, strict=True):
+        assert rel_err(got, ref) < 6e-2, name
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_pytorchs_components_compile_without_graph_breaks(attention):
+    cfg = lm_config("tiny", 16)
+    model = TransformerLM(cfg, torch_components(attention)).to(DEVICE)
+    tokens, targets = random_batch(cfg, 2, 16, device=DEVICE)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model.loss)(tokens, targets)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+
+
 def test_flash_attention_pads_a_head_dim_the_kernels_do_not_take():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 20, 10, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
@@ -197,6 +322,28 @@ def test_attention_ranges_change_nothing_and_show_in_the_profiler():
     with torch.profiler.profile() as prof:
         naive_causal_attention(q, k, v)
     assert not any(e.key.startswith("attention:") for e in prof.key_averages())
+
+
+@pytest.mark.gpu
+def test_our_components_match_pytorchs_under_bf16_autocast_on_a_gpu():
+    """The fused add + norm in the model's real setting: bf16 autocast, head dimension 64 (flash2's),
+    our components against PyTorch's naive ones within lm_bench's bf16 check (2e-2, 6e-2)."""
+    cfg = LMConfig(256, 1024, 4, 4, context_length=256)
+    tokens, targets = random_batch(cfg, 4, 256, device="cuda", generator=torch.Generator().manual_seed(9))
+    results = []
+    for components in (torch_components("naive"), our_components(), our_components(head="fused")):
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = TransformerLM(cfg, components)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model.loss(tokens, targets)
+        loss.backward()
+        results.append((loss.detach().float(), [p.grad.float() for p in model.parameters()]))
+    (ref_loss, ref_grads), *ours = results
+    for loss, grads in ours:
+        assert rel_err(loss, ref_loss) < 2e-2
+        for got, ref in zip(grads, ref_grads, strict=True):
+            assert rel_err(got, ref) < 6e-2
 
 
 @pytest.mark.gpu
