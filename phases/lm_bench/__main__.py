@@ -284,7 +284,11 @@ def _memory_text(row: dict) -> str:
 
 
 def print_profile(row: dict) -> None:
-    _print_study(f"  {row['variant']} {row['size']} ctx {row['context']} {row['mode']} {row['dtype']}", row, _profile_text)
+    _print_study(
+        f"  {row['variant']} {row['size']} ctx {row['context']} {row['mode']} {row['dtype']}",
+        row,
+        _profile_text,
+    )
 
 
 def print_memory(row: dict) -> None:

@@ -271,7 +271,9 @@ def residual_derivation(size: str, context: int, dtype: str, batch: int) -> list
     seen = {}
 
     def hook(_module, _inputs, output):
-        seen["tensor"] = output
+        seen["tensor"] = (
+            output[0] if isinstance(output, tuple) else output
+        )  # a block passes on (stream, FFN output)
         if ON_GPU:
             seen["allocated_after"] = torch.cuda.memory_allocated()
 

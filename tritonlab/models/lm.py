@@ -10,7 +10,9 @@ Five parts are swappable through :class:`LMComponents`, as the TransformerNP's a
 (``gate, up`` -> ``silu(gate) * up``), RoPE (``q, k`` of shape (B, T, H, D) and the (T, D/2) cos/sin
 tables, half rotation as in Llama / GPT-NeoX) and the loss (``logits (N, V), targets (N,)``); a
 sixth, ``add_norm`` (``x, r, weight, eps`` -> ``(x + r, RMSNorm(x + r))``), is each residual add
-with the norm after it, fused where a components set has one (else the add, then ``norm``).
+with the norm after it, fused where a components set has one (else the add, then ``norm``); a
+seventh, ``linear`` (``x, weight`` -> ``x @ weightᵀ``), every linear layer (``F.linear``; ours gives
+the float32 weights their gradients straight from the GEMM under autocast, ``tritonlab.ops.linear``).
 :func:`torch_components` gives PyTorch's (naive attention by default, or SDPA), :func:`our_components`
 the library's Triton kernels: flash2's causal FlashAttention-2, and ``tritonlab.ops``' RMSNorm (and
 ``add_rms_norm``), SwiGLU, RoPE and cross-entropy::
@@ -241,6 +243,14 @@ def _cross_entropy_triton(logits: Tensor, targets: Tensor) -> Tensor:
     return cross_entropy(logits, targets)
 
 
+def _linear_wide_dw(x: Tensor, weight: Tensor) -> Tensor:
+    """``F.linear`` whose weight gradient, under autocast, leaves the GEMM in float32
+    (``tritonlab.ops.linear``): no bf16-to-float32 copy of every weight's gradient each step."""
+    from tritonlab.ops.linear import linear
+
+    return linear(x, weight)
+
+
 def fused_head_loss(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
     """The mean cross-entropy of ``hidden (N, d) @ weight (V, d)ᵀ`` against ``targets (N,)`` by
     ``tritonlab.ops.fused_linear_cross_entropy``: the logits exist one chunk of tokens at a time.
@@ -283,6 +293,8 @@ class LMComponents:
     # whose ``norm`` is swapped (autoselect's dispatchers) norms every block through it. A set that
     # has one must keep it the same function of its ``norm`` (the norm of x + r, s in x's dtype).
     add_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]] | None = None
+    # (x, weight) -> x @ weight^T: every linear layer (projections, feed-forward, output layer).
+    linear: Callable[[Tensor, Tensor], Tensor] = field(default=F.linear)
 
 
 HEADS = ("logits", "fused")
@@ -304,8 +316,9 @@ def torch_components(attention: str = "naive", head: str = "logits") -> LMCompon
 
 def our_components(head: str = "logits") -> LMComponents:
     """Every part on the library's Triton kernels: FlashAttention-2 (causal), RMSNorm (the residual
-    adds fused into the norms after them), SwiGLU, RoPE, cross-entropy; ``head`` "fused" fuses the
-    output layer into the loss (:func:`fused_head_loss`)."""
+    adds fused into the norms after them), SwiGLU, RoPE, cross-entropy; the linear layers with their
+    weight gradients out of the GEMM in float32 under autocast (``tritonlab.ops.linear``, cuBLAS);
+    ``head`` "fused" fuses the output layer into the loss (:func:`fused_head_loss`)."""
     return LMComponents(
         attention=flash_causal_attention,
         norm=_rms_norm_triton,
@@ -314,6 +327,7 @@ def our_components(head: str = "logits") -> LMComponents:
         rope=_rope_triton,
         loss=_cross_entropy_triton,
         head_loss=_head_loss(head),
+        linear=_linear_wide_dw,
     )
 
 
@@ -350,12 +364,13 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         B, T, _ = x.shape
         H, D = self.cfg.n_heads, self.cfg.head_dim
-        q = self.q_proj(x).view(B, T, H, D)
-        k = self.k_proj(x).view(B, T, H, D)
-        v = self.v_proj(x).view(B, T, H, D)
+        linear = self.components.linear
+        q = linear(x, self.q_proj.weight).view(B, T, H, D)
+        k = linear(x, self.k_proj.weight).view(B, T, H, D)
+        v = linear(x, self.v_proj.weight).view(B, T, H, D)
         q, k = self.components.rope(q, k, cos, sin)  # positions 0..T-1, on (B, T, H, D)
         o = self.components.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return self.output_proj(o.transpose(1, 2).reshape(B, T, H * D))
+        return linear(o.transpose(1, 2).reshape(B, T, H * D), self.output_proj.weight)
 
 
 class SwiGLUFeedForward(nn.Module):
@@ -367,7 +382,10 @@ class SwiGLUFeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)  # down
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.components.swiglu(self.w1(x), self.w3(x)))
+        linear = self.components.linear
+        return linear(
+            self.components.swiglu(linear(x, self.w1.weight), linear(x, self.w3.weight)), self.w2.weight
+        )
 
 
 class Block(nn.Module):
@@ -438,7 +456,7 @@ class TransformerLM(nn.Module):
         return h
 
     def forward(self, tokens: Tensor) -> Tensor:
-        return self.lm_head(self.hidden(tokens))
+        return self.components.linear(self.hidden(tokens), self.lm_head.weight)
 
     def loss(self, tokens: Tensor, targets: Tensor) -> Tensor:
         self.check_tokens(targets, "targets")

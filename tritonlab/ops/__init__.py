@@ -19,12 +19,14 @@ an ``nn.Module``::
     loss = fused_linear_cross_entropy(h, lm_head.weight, target)  # linear + CE, logits never whole
     q8, scales = quantize_fp8(x, "row")       # or "block" (1 x 128 groups); e4m3 + float32 scales
     x_hat = dequantize_fp8(q8, scales, "row")
+    y = linear(x, layer.weight)               # under autocast: dW out of the (cuBLAS) GEMM in float32
 """
 
 from .activations import GEGLU, GELU, SwiGLU, geglu, gelu, swiglu
 from .cross_entropy import CrossEntropyLoss, cross_entropy
 from .fp8 import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_fp8
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
+from .linear import linear
 from .rms_norm import RMSNorm, add_rms_norm, rms_norm
 from .rope import RotaryEmbedding, rope, rope_cache
 
@@ -42,6 +44,7 @@ __all__ = [
     "cross_entropy",
     "dequantize_fp8",
     "fused_linear_cross_entropy",
+    "linear",
     "geglu",
     "gelu",
     "quantize_fp8",
