@@ -11,8 +11,9 @@ Five parts are swappable through :class:`LMComponents`, as the TransformerNP's a
 tables, half rotation as in Llama / GPT-NeoX) and the loss (``logits (N, V), targets (N,)``); a
 sixth, ``add_norm`` (``x, r, weight, eps`` -> ``(x + r, RMSNorm(x + r))``), is each residual add
 with the norm after it, fused where a components set has one (else the add, then ``norm``); a
-seventh, ``linear`` (``x, weight`` -> ``x @ weightᵀ``), every linear layer (``F.linear``; ours gives
-the float32 weights their gradients straight from the GEMM under autocast, ``tritonlab.ops.linear``).
+seventh, ``linear`` (``x, *weights`` -> ``(x @ w1ᵀ, ...)``), the linear layers that read one x
+(``F.linear`` each; ours, ``tritonlab.ops.linears``, sums dx inside the GEMMs and, under autocast,
+gives the float32 weights their gradients straight from the GEMM).
 :func:`torch_components` gives PyTorch's (naive attention by default, or SDPA), :func:`our_components`
 the library's Triton kernels: flash2's causal FlashAttention-2, and ``tritonlab.ops``' RMSNorm (and
 ``add_rms_norm``), SwiGLU, RoPE and cross-entropy::
@@ -177,6 +178,10 @@ def rope_eager(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, 
     return rotate(q), rotate(k)
 
 
+def linear_eager(x: Tensor, *weights: Tensor) -> tuple[Tensor, ...]:
+    return tuple(F.linear(x, w) for w in weights)
+
+
 def cross_entropy_eager(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits, targets)
 
@@ -243,12 +248,13 @@ def _cross_entropy_triton(logits: Tensor, targets: Tensor) -> Tensor:
     return cross_entropy(logits, targets)
 
 
-def _linear_wide_dw(x: Tensor, weight: Tensor) -> Tensor:
-    """``F.linear`` whose weight gradient, under autocast, leaves the GEMM in float32
-    (``tritonlab.ops.linear``): no bf16-to-float32 copy of every weight's gradient each step."""
-    from tritonlab.ops.linear import linear
+def _linears_triton(x: Tensor, *weights: Tensor) -> tuple[Tensor, ...]:
+    """The layers reading one x as one autograd node (``tritonlab.ops.linears``): dx summed inside
+    the GEMMs, and under autocast each weight's gradient out of the GEMM in float32, not a bf16
+    result widened by a copy kernel."""
+    from tritonlab.ops import linears
 
-    return linear(x, weight)
+    return linears(x, weights)
 
 
 def fused_head_loss(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
@@ -293,8 +299,9 @@ class LMComponents:
     # whose ``norm`` is swapped (autoselect's dispatchers) norms every block through it. A set that
     # has one must keep it the same function of its ``norm`` (the norm of x + r, s in x's dtype).
     add_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]] | None = None
-    # (x, weight) -> x @ weight^T: every linear layer (projections, feed-forward, output layer).
-    linear: Callable[[Tensor, Tensor], Tensor] = field(default=F.linear)
+    # (x, *weights) -> (x @ w1ᵀ, x @ w2ᵀ, ...): the linear layers that read one x (q, k and v; the
+    # gate and up projections; alone: the output projections and the output layer).
+    linear: Callable[..., tuple[Tensor, ...]] = field(default=linear_eager)
 
 
 HEADS = ("logits", "fused")
@@ -316,8 +323,8 @@ def torch_components(attention: str = "naive", head: str = "logits") -> LMCompon
 
 def our_components(head: str = "logits") -> LMComponents:
     """Every part on the library's Triton kernels: FlashAttention-2 (causal), RMSNorm (the residual
-    adds fused into the norms after them), SwiGLU, RoPE, cross-entropy; the linear layers with their
-    weight gradients out of the GEMM in float32 under autocast (``tritonlab.ops.linear``, cuBLAS);
+    adds fused into the norms after them), SwiGLU, RoPE, cross-entropy; the linear layers sharing an input as one node, dx summed in the
+    GEMMs and dW out of them in float32 under autocast (``tritonlab.ops.linears``, cuBLAS);
     ``head`` "fused" fuses the output layer into the loss (:func:`fused_head_loss`)."""
     return LMComponents(
         attention=flash_causal_attention,
@@ -327,7 +334,7 @@ def our_components(head: str = "logits") -> LMComponents:
         rope=_rope_triton,
         loss=_cross_entropy_triton,
         head_loss=_head_loss(head),
-        linear=_linear_wide_dw,
+        linear=_linears_triton,
     )
 
 
@@ -365,12 +372,13 @@ class CausalSelfAttention(nn.Module):
         B, T, _ = x.shape
         H, D = self.cfg.n_heads, self.cfg.head_dim
         linear = self.components.linear
-        q = linear(x, self.q_proj.weight).view(B, T, H, D)
-        k = linear(x, self.k_proj.weight).view(B, T, H, D)
-        v = linear(x, self.v_proj.weight).view(B, T, H, D)
+        q, k, v = (
+            t.view(B, T, H, D) for t in linear(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        )
         q, k = self.components.rope(q, k, cos, sin)  # positions 0..T-1, on (B, T, H, D)
         o = self.components.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return linear(o.transpose(1, 2).reshape(B, T, H * D), self.output_proj.weight)
+        (out,) = linear(o.transpose(1, 2).reshape(B, T, H * D), self.output_proj.weight)
+        return out
 
 
 class SwiGLUFeedForward(nn.Module):
@@ -382,10 +390,9 @@ class SwiGLUFeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)  # down
 
     def forward(self, x: Tensor) -> Tensor:
-        linear = self.components.linear
-        return linear(
-            self.components.swiglu(linear(x, self.w1.weight), linear(x, self.w3.weight)), self.w2.weight
-        )
+        gate, up = self.components.linear(x, self.w1.weight, self.w3.weight)
+        (out,) = self.components.linear(self.components.swiglu(gate, up), self.w2.weight)
+        return out
 
 
 class Block(nn.Module):
@@ -456,7 +463,8 @@ class TransformerLM(nn.Module):
         return h
 
     def forward(self, tokens: Tensor) -> Tensor:
-        return self.components.linear(self.hidden(tokens), self.lm_head.weight)
+        (logits,) = self.components.linear(self.hidden(tokens), self.lm_head.weight)
+        return logits
 
     def loss(self, tokens: Tensor, targets: Tensor) -> Tensor:
         self.check_tokens(targets, "targets")

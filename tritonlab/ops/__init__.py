@@ -20,13 +20,14 @@ an ``nn.Module``::
     q8, scales = quantize_fp8(x, "row")       # or "block" (1 x 128 groups); e4m3 + float32 scales
     x_hat = dequantize_fp8(q8, scales, "row")
     y = linear(x, layer.weight)               # under autocast: dW out of the (cuBLAS) GEMM in float32
+    q, k, v = linears(x, (wq, wk, wv))        # one x, one node: dx summed inside the GEMMs
 """
 
 from .activations import GEGLU, GELU, SwiGLU, geglu, gelu, swiglu
 from .cross_entropy import CrossEntropyLoss, cross_entropy
 from .fp8 import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_fp8
 from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
-from .linear import linear
+from .linear import linear, linears
 from .rms_norm import RMSNorm, add_rms_norm, rms_norm
 from .rope import RotaryEmbedding, rope, rope_cache
 
@@ -45,6 +46,7 @@ __all__ = [
     "dequantize_fp8",
     "fused_linear_cross_entropy",
     "linear",
+    "linears",
     "geglu",
     "gelu",
     "quantize_fp8",

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonlab.ops.linear import linear
+from tritonlab.ops.linear import linear, linears
 from tritonlab.testing import rel_err
 
 
@@ -51,6 +51,55 @@ def test_a_strided_input_and_no_input_gradient():
 def test_bad_weight_shape_names_the_argument():
     with pytest.raises(ValueError, match="weight: expected \\(out_features, 4\\)"):
         linear(torch.randn(2, 4), torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("outs", [(5,), (3, 4, 6)])
+def test_linears_sharing_x_match_separate_f_linear_in_float64(outs):
+    x, *ws = _leaves((2, 9, 13), *((n, 13) for n in outs), dtype=torch.float64)
+    ys = linears(x, ws)
+    refs = [F.linear(x, w) for w in ws]
+    assert len(ys) == len(outs) and all(torch.equal(y, r) for y, r in zip(ys, refs, strict=True))
+    dys = [torch.randn_like(r) for r in refs]
+    grads = torch.autograd.grad(ys, (x, *ws), dys)
+    ref_grads = torch.autograd.grad(refs, (x, *ws), dys)
+    assert all(rel_err(g, r) < 1e-12 for g, r in zip(grads, ref_grads, strict=True))
+
+
+def test_linears_under_cpu_autocast_sum_dx_in_the_gemms():
+    x, wq, wk, wv = _leaves((3, 17, 32), (32, 32), (32, 32), (48, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ys = linears(x, (wq, wk, wv))
+        refs = [F.linear(x, w) for w in (wq, wk, wv)]
+    assert all(y.dtype == torch.bfloat16 and torch.equal(y, r) for y, r in zip(ys, refs, strict=True))
+    dys = [torch.randn_like(r) for r in refs]
+    dx, *dws = torch.autograd.grad(ys, (x, wq, wk, wv), dys)
+    rdx, *rdws = torch.autograd.grad(refs, (x, wq, wk, wv), dys)
+    assert dx.dtype == torch.float32 and all(d.dtype == torch.float32 for d in dws)
+    assert all(torch.equal(d, r) for d, r in zip(dws, rdws, strict=True))
+    # dx: one bf16 accumulator through the GEMMs against three bf16 results summed in float32
+    exact = sum(dy.double() @ w.detach().bfloat16().double() for dy, w in zip(dys, (wq, wk, wv), strict=True))
+    assert rel_err(dx, exact) < 1e-2 and rel_err(rdx, exact) < 1e-2
+
+
+def test_linears_checks_every_weight():
+    with pytest.raises(ValueError, match="weights: expected at least one"):
+        linears(torch.randn(2, 4), ())
+    with pytest.raises(ValueError, match="weights\\[1\\]: expected \\(out_features, 4\\)"):
+        linears(torch.randn(2, 4), (torch.randn(3, 4), torch.randn(3, 5)))
+
+
+@pytest.mark.gpu
+def test_gpu_linears_under_autocast_against_float64():
+    x, wq, wk, wv = _leaves((4096, 1280), (1280, 1280), (1280, 1280), (640, 1280), device="cuda")
+    dys = [torch.randn(4096, n, device="cuda").bfloat16() for n in (1280, 1280, 640)]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ys = linears(x, (wq, wk, wv))
+    dx, *dws = torch.autograd.grad(ys, (x, wq, wk, wv), dys)
+    x16 = x.detach().bfloat16().double()
+    for dy, dw in zip(dys, dws, strict=True):
+        assert dw.dtype == torch.float32 and rel_err(dw, dy.double().t() @ x16) < 1e-5
+    exact = sum(dy.double() @ w.detach().bfloat16().double() for dy, w in zip(dys, (wq, wk, wv), strict=True))
+    assert dx.dtype == torch.float32 and rel_err(dx, exact) < 1e-2
 
 
 @pytest.mark.gpu
