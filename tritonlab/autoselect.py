@@ -19,7 +19,8 @@ naive attention runs SDPA where PyTorch is chosen.
 ``torch.nn.RMSNorm`` gets a subclass (its class is swapped; parameters, state dict, hooks and
 ``isinstance`` stay as they were) whose forward dispatches; a module with an ``LMComponents``
 ``components`` attribute (``tritonlab.models.TransformerLM``, whose blocks share one) gets a
-dispatcher in each component slot. :func:`unapply` restores both.
+dispatcher in each component slot (a fused residual add + norm, ``add_norm``, is set aside while
+``rms_norm`` dispatches, so every norm goes through the dispatcher). :func:`unapply` restores both.
 
 *What is timed.* :func:`select` runs the model's forward once (under ``no_grad``, with
 ``model.loss(*batch)`` when the batch is a pair and the model has ``loss``) with recording
@@ -724,6 +725,11 @@ def _install(
             if op in ops:
                 saved.setdefault(slot, getattr(comps, slot))
                 setattr(comps, slot, make(op, saved[slot]))
+        if "rms_norm" in ops and getattr(comps, "add_norm", None) is not None:
+            # A fused residual add + norm would keep its norm off the dispatcher: the model adds, then
+            # norms through the selected rms_norm (the add is one more kernel; unapply restores it).
+            saved.setdefault("add_norm", comps.add_norm)
+            comps.add_norm = None
     if "rms_norm" in ops:
         for module in model.modules():
             if isinstance(module, nn.RMSNorm):

@@ -158,6 +158,28 @@ def test_apply_swaps_the_lms_components_and_training_runs():
     assert not isinstance(model.components.swiglu, auto.Dispatcher)
 
 
+def test_apply_on_a_fused_add_norm_routes_every_norm_through_the_dispatcher():
+    from tritonlab.models import our_components
+
+    cfg = LMConfig(32, 64, 2, 2, context_length=16, vocab_size=64)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg, our_components())
+    fused = model.components.add_norm
+    batch = random_batch(cfg, 1, 8)
+    want = model.loss(*batch)
+    calls = []
+    sel = auto.select(model, batch, ops=["rms_norm"], timer=timer_of(1.0, 0.5), cache=False)
+    auto.apply(model, sel, ops=["rms_norm"])
+    assert model.components.add_norm is None
+    dispatcher = model.components.norm
+    model.components.norm = lambda *a: calls.append(1) or dispatcher(*a)
+    torch.testing.assert_close(model.loss(*batch), want, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2 * cfg.n_layers + 1  # every norm, not only the first block's ln1
+    model.components.norm = dispatcher
+    auto.unapply(model)
+    assert model.components.add_norm is fused and not isinstance(model.components.norm, auto.Dispatcher)
+
+
 def test_the_logging_table_and_rows(caplog):
     with caplog.at_level(logging.INFO, logger="tritonlab.autoselect"):
         sel = auto.select(norm_model(), X, timer=timer_of(1.0, 0.25), cache=False)
