@@ -20,7 +20,8 @@ How (PyTorch's whole-network capture recipe, "CUDA Graphs" in the CUDA semantics
   call, ``tritonlab._launch``), allocate cuBLAS/cuDNN workspaces and the optimizer's state -- work
   that synchronises with the host and so cannot happen during capture. Afterwards the parameters
   and the optimizer's state are put back as they were (``restore=True``; state the warm-up created
-  is zeroed, which is exactly AdamW's and Adam's fresh state), so the first replay is the model's
+  is zeroed, which is exactly AdamW's and Adam's fresh state; ``tritonlab.optim.AdamW``'s weight
+  shadows are recast from the restored weights), so the first replay is the model's
   first step. The copy they are put back from sits in host memory while the warm-up runs: on the
   GPU it would cost as much again as the weights and the optimizer's state (float32 weights and
   AdamW's two moments: 12 bytes a parameter, 41 GB for 3.4 B parameters), for seconds of copying
@@ -136,7 +137,9 @@ class GraphedStep:
             raise ValueError(
                 f"warmup: at least 1 step must run before capture (it tunes kernels), got {warmup}"
             )
-        if restore and not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        from .optim import AdamW as _TritonAdamW
+
+        if restore and not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW | _TritonAdamW):
             raise ValueError(
                 f"optimizer: restore=True zeroes the state the warm-up creates, which is a fresh state only "
                 f"for Adam and AdamW, not {type(optimizer).__name__}; pass restore=False"
@@ -266,6 +269,11 @@ class GraphedStep:
                         t.copy_(before[k])
                     else:
                         t.zero_()  # AdamW's fresh state: step 0, zero moments
+            # tritonlab.optim.AdamW's weight shadows: the copies above made them stale (and they hold
+            # the warm-up's values); recast now, so the captured forward reads them, not a cast.
+            shadows = getattr(self.optimizer, "shadows", None)
+            if shadows is not None:
+                shadows.refresh()
 
 
 def _explain(err: BaseException, stage: str) -> str:

@@ -28,6 +28,7 @@ weight, so the (B·T, V) logits are never materialised (:func:`fused_head_loss`)
 still returns logits.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -248,13 +249,14 @@ def _cross_entropy_triton(logits: Tensor, targets: Tensor) -> Tensor:
     return cross_entropy(logits, targets)
 
 
-def _linears_triton(x: Tensor, *weights: Tensor) -> tuple[Tensor, ...]:
+def _linears_triton(x: Tensor, *weights: Tensor, shadows=None) -> tuple[Tensor, ...]:
     """The layers reading one x as one autograd node (``tritonlab.ops.linears``): dx summed inside
     the GEMMs, and under autocast each weight's gradient out of the GEMM in float32, not a bf16
-    result widened by a copy kernel."""
+    result widened by a copy kernel. ``shadows`` (a ``tritonlab.optim.WeightShadows``): weights
+    with a current copy in the autocast dtype are read from it instead of being cast."""
     from tritonlab.ops import linears
 
-    return linears(x, weights)
+    return linears(x, weights, shadows)
 
 
 def fused_head_loss(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
@@ -321,11 +323,14 @@ def torch_components(attention: str = "naive", head: str = "logits") -> LMCompon
     return LMComponents(attention=LM_ATTENTIONS[attention], head_loss=_head_loss(head))
 
 
-def our_components(head: str = "logits") -> LMComponents:
+def our_components(head: str = "logits", shadows=None) -> LMComponents:
     """Every part on the library's Triton kernels: FlashAttention-2 (causal), RMSNorm (the residual
     adds fused into the norms after them), SwiGLU, RoPE, cross-entropy; the linear layers sharing an input as one node, dx summed in the
     GEMMs and dW out of them in float32 under autocast (``tritonlab.ops.linears``, cuBLAS);
-    ``head`` "fused" fuses the output layer into the loss (:func:`fused_head_loss`)."""
+    ``head`` "fused" fuses the output layer into the loss (:func:`fused_head_loss`). ``shadows`` (a
+    ``tritonlab.optim.WeightShadows``, e.g. the one ``tritonlab.optim.AdamW(shadows=...)`` writes):
+    the linear layers read each weight's current bf16 copy instead of casting it under autocast
+    (the fused head's output weight is still cast)."""
     return LMComponents(
         attention=flash_causal_attention,
         norm=_rms_norm_triton,
@@ -334,7 +339,7 @@ def our_components(head: str = "logits") -> LMComponents:
         rope=_rope_triton,
         loss=_cross_entropy_triton,
         head_loss=_head_loss(head),
-        linear=_linears_triton,
+        linear=_linears_triton if shadows is None else functools.partial(_linears_triton, shadows=shadows),
     )
 
 
