@@ -31,10 +31,11 @@ Against ``torch.optim.AdamW(foreach=False)`` (not capturable: its bias correctio
 the host) the parameters agree to ~1e-7 relative after several steps: the only differences are
 float32 bias corrections and the contraction of multiply-adds.
 
-lr, the betas, eps and weight_decay are float scalars of the launch, fixed per call: a number
-``lr`` is baked into a captured graph (a tensor lr is refused), and on a GPU each distinct lr adds
-one entry to the launch cache (``tritonlab._launch``), so a schedule that changes lr every step
-grows it by one small entry per parameter shape and step.
+lr and the decay factor 1 - lr*wd (rounded once, on the host) reach the kernel through a small
+device tensor per param group, filled at every step: a schedule that changes lr keeps one compiled
+launch per parameter shape (the launch cache, ``tritonlab._launch``, keys scalars by value), and
+in a captured graph the fill, like PyTorch's, holds the lr of the capture. The betas, eps and
+weight_decay are scalars of the launch.
 """
 
 import math
@@ -58,16 +59,15 @@ def _adamw_kernel(
     M,
     V,
     STEP,
+    HYPER,
     SHADOW,
     n,
-    lr,
     beta2,
     one_minus_beta1,
     one_minus_beta2,
     log2_beta1,
     log2_beta2,
     eps,
-    decay,
     BLOCK: tl.constexpr,
     LERP_FROM_END: tl.constexpr,
     HAS_DECAY: tl.constexpr,
@@ -80,8 +80,9 @@ def _adamw_kernel(
     m = tl.load(M + offs, mask=mask, other=0.0)
     v = tl.load(V + offs, mask=mask, other=0.0)
     t = tl.load(STEP)  # already incremented for this step
+    lr = tl.load(HYPER)
     if HAS_DECAY:
-        p = p * decay
+        p = p * tl.load(HYPER + 1)
     # torch.lerp(m, g, w): m + w (g - m) for |w| < 0.5, else g - (g - m)(1 - w)
     m = g - (g - m) * (1.0 - one_minus_beta1) if LERP_FROM_END else m + one_minus_beta1 * (g - m)
     v = v * beta2 + one_minus_beta2 * (g * g)
@@ -101,17 +102,16 @@ def _adamw_kernel(
 _LAUNCHES = LaunchCache(first_launch)
 
 
-def _adamw_launch(p, g, m, v, step, shadow, *, lr, beta1, beta2, eps, weight_decay) -> None:
+def _adamw_launch(p, g, m, v, step, hyper, shadow, *, beta1, beta2, eps, weight_decay) -> None:
+    """One parameter's update; ``hyper`` holds (lr, 1 - lr*wd) on the device."""
     n = p.numel()
-    decay = 1.0 - lr * weight_decay
     launch(
         _LAUNCHES,
         _adamw_kernel,
         (triton.cdiv(n, BLOCK),),
-        (p, g, m, v, step, shadow),
+        (p, g, m, v, step, hyper, shadow),
         (
             n,
-            float(lr),
             float(beta2),
             float(1.0 - beta1),
             float(1.0 - beta2),
@@ -119,7 +119,6 @@ def _adamw_launch(p, g, m, v, step, shadow, *, lr, beta1, beta2, eps, weight_dec
             float(math.log2(beta1)) if beta1 > 0 else -math.inf,
             float(math.log2(beta2)) if beta2 > 0 else -math.inf,
             float(eps),
-            float(decay),
         ),
         {
             "BLOCK": BLOCK,
@@ -249,6 +248,7 @@ class AdamW(torch.optim.Optimizer):
         if shadows is not None and not isinstance(shadows, WeightShadows):
             raise ValueError(f"shadows: expected a WeightShadows or None, got {type(shadows).__name__}")
         self.shadows = shadows
+        self._hyper: dict = {}  # (group index, device) -> float32 (lr, 1 - lr*wd), refilled every step
         defaults = {
             "lr": lr,
             "betas": tuple(betas),
@@ -273,6 +273,16 @@ class AdamW(torch.optim.Optimizer):
                 raise ValueError(
                     f"params: parameter {i} of group {len(self.param_groups) - 1} is not contiguous"
                 )
+
+    def _filled_hyper(self, gi: int, device: torch.device, group: dict) -> torch.Tensor:
+        """This group's (lr, 1 - lr*wd) on ``device``, filled now (two kernels, no host sync)."""
+        hyper = self._hyper.get((gi, device))
+        if hyper is None:
+            hyper = self._hyper[gi, device] = torch.empty(2, dtype=torch.float32, device=device)
+        lr = float(group["lr"])
+        hyper[0].fill_(lr)
+        hyper[1].fill_(1.0 - lr * float(group["weight_decay"]))
+        return hyper
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -302,8 +312,12 @@ class AdamW(torch.optim.Optimizer):
             if not work:
                 continue
             torch._foreach_add_([state["step"] for _, _, state in work], 1.0)
+            hypers = {}
             beta1, beta2 = group["betas"]
             for p, g, state in work:
+                if p.device not in hypers:
+                    hypers[p.device] = self._filled_hyper(gi, p.device, group)
+                hyper = hypers[p.device]
                 shadow = self.shadows.buffer(p) if self.shadows is not None else None
                 _adamw_launch(
                     p,
@@ -311,8 +325,8 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg"],
                     state["exp_avg_sq"],
                     state["step"],
+                    hyper,
                     shadow,
-                    lr=float(group["lr"]),
                     beta1=float(beta1),
                     beta2=float(beta2),
                     eps=float(group["eps"]),

@@ -77,6 +77,24 @@ def test_betas_with_a_large_first_weight_take_lerp_from_the_end():
         assert rel_err(p.detach(), q.detach(), scale=1.0) <= TOL
 
 
+def test_an_lr_schedule_is_read_from_the_device_at_every_step():
+    # lr changes every step (a schedule): the kernel reads (lr, 1 - lr*wd) from a tensor refilled each
+    # step, not a launch scalar that a kept launch would replay
+    ref = _params()
+    ours = _clone(ref)
+    ref_opt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1, foreach=False)
+    opt = AdamW(ours, lr=1e-2, weight_decay=0.1)
+    for step, g in enumerate(_grads(4)):
+        for o in (ref_opt, opt):
+            o.param_groups[0]["lr"] = 1e-2 / (step + 1)
+        for params, o in ((ref, ref_opt), (ours, opt)):
+            for p, gi in zip(params, g, strict=True):
+                p.grad = gi.clone()
+            o.step()
+    for p, q in zip(ours, ref, strict=True):
+        assert rel_err(p.detach(), q.detach(), scale=1.0) <= TOL
+
+
 def test_the_step_count_is_a_float32_tensor_on_the_params_device_per_param():
     params = _params()
     opt = AdamW(params)
