@@ -348,6 +348,8 @@ def test_public_api_is_exactly_the_ops():
             "dequantize_fp8",
             "geglu",
             "gelu",
+            "linear",
+            "linears",
             "quantize_fp8",
             "rms_norm",
             "rope",
