@@ -147,11 +147,16 @@ class WeightShadows:
     PyTorch are NOT seen: call :meth:`refresh` after them.
     """
 
-    def __init__(self, params, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, params=(), dtype: torch.dtype = torch.bfloat16):
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype: expected a floating-point torch.dtype, got {dtype!r}")
         self.dtype = dtype
         self._entries: dict[int, list] = {}  # id(param) -> [param, shadow, version]
+        self.add(params)
+
+    def add(self, params) -> None:
+        """Keep a (current) shadow of each of ``params`` too: the model can be built on components
+        that hold this object before its parameters exist, and its weights added after."""
         if isinstance(params, torch.Tensor):
             params = [params]
         for i, p in enumerate(params):
@@ -161,8 +166,8 @@ class WeightShadows:
             if not p.is_contiguous():
                 raise ValueError(f"params[{i}]: expected a contiguous tensor")
             if id(p) not in self._entries:
-                self._entries[id(p)] = [p, torch.empty_like(p, dtype=dtype), -1]
-        self.refresh()
+                with torch.no_grad():
+                    self._entries[id(p)] = [p, p.to(self.dtype, copy=True), p._version]
 
     def __len__(self) -> int:
         return len(self._entries)

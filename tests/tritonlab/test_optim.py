@@ -204,19 +204,26 @@ def test_our_components_pass_shadows_to_the_linear_layers():
     from tritonlab.models.lm import _linears_triton
 
     assert our_components().linear is _linears_triton
-    cfg = lm_config("tiny", 16)
-    torch.manual_seed(0)
-    model = TransformerLM(cfg)
-    shadows = WeightShadows([p for p in model.parameters() if p.dim() == 2])
+    shadows = WeightShadows()
     linear_fn = our_components(shadows=shadows).linear
     assert isinstance(linear_fn, functools.partial) and linear_fn.keywords == {"shadows": shadows}
+    # PyTorch's components but that linear (no interpreter kernels): every block must read the shadows
+    cfg = lm_config("tiny", 16)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg, replace(torch_components(), linear=linear_fn))
+    shadows.add(p for p in model.parameters() if p.dim() == 2)
     tokens, targets = random_batch(cfg, 2, 16, generator=torch.Generator().manual_seed(1))
-    losses = []
-    for fn in (_linears_triton, linear_fn):
-        model.components = replace(torch_components(), linear=fn)
+
+    def loss():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            losses.append(model.loss(tokens, targets).detach())
-    assert torch.equal(losses[0], losses[1])
+            return model.loss(tokens, targets).detach()
+
+    cast = loss()
+    last_block_down = model.layers[-1].ffn.w2.weight
+    shadows.buffer(last_block_down).zero_()  # the weight and its _version untouched: still "current"
+    assert not torch.equal(loss(), cast)  # the block read the shadow, not a cast of the weight
+    shadows.refresh()
+    assert torch.equal(loss(), cast)
 
 
 @pytest.mark.parametrize(
@@ -281,10 +288,10 @@ def test_a_graphed_lm_step_with_adamw_and_shadows_matches_the_plain_step():
 
     def build():
         torch.manual_seed(0)
+        shadows = WeightShadows()
         with torch.device("cuda"):
-            model = TransformerLM(cfg)
-        shadows = WeightShadows([p for p in model.parameters() if p.dim() == 2])
-        model.components = our_components(shadows=shadows)
+            model = TransformerLM(cfg, our_components(shadows=shadows))
+        shadows.add(p for p in model.parameters() if p.dim() == 2)
         return model, AdamW(model.parameters(), lr=1e-3, shadows=shadows), shadows
 
     model, optimizer, _ = build()

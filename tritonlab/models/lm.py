@@ -330,7 +330,13 @@ def our_components(head: str = "logits", shadows=None) -> LMComponents:
     ``head`` "fused" fuses the output layer into the loss (:func:`fused_head_loss`). ``shadows`` (a
     ``tritonlab.optim.WeightShadows``, e.g. the one ``tritonlab.optim.AdamW(shadows=...)`` writes):
     the linear layers read each weight's current bf16 copy instead of casting it under autocast
-    (the fused head's output weight is still cast)."""
+    (the fused head's output weight is still cast). The components exist before the model, so add
+    the weights once it does::
+
+        shadows = WeightShadows()
+        model = TransformerLM(cfg, our_components(shadows=shadows))
+        shadows.add(p for p in model.parameters() if p.dim() == 2)
+        optimizer = AdamW(model.parameters(), shadows=shadows)"""
     return LMComponents(
         attention=flash_causal_attention,
         norm=_rms_norm_triton,
