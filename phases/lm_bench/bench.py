@@ -45,7 +45,10 @@ WARMUP_STEPS = (0, 1, 2, 5)
 # graph (tritonlab.graphs.GraphedStep), which takes the host out of the step.
 # "mixed+graphs": the same graphed step with PyTorch's SDPA attention in place of flash2's.
 # "compile-ro-sdpa": the SDPA model's loss under torch.compile(mode="reduce-overhead"), Inductor's own
-# CUDA graphs: the compiled counterpart of the graphed steps.
+# CUDA graphs: the compiled counterpart of the graphed steps. "mixed+shadows+graphs": mixed+graphs
+# stepping tritonlab.optim.AdamW, which also writes the bf16 copies of the linear weights that the
+# forward then reads instead of casting them (tritonlab.optim.WeightShadows); every other variant
+# steps PyTorch's AdamW (--optimizer).
 OURS_VARIANTS = (
     "eager-naive",
     "eager-sdpa",
@@ -55,6 +58,7 @@ OURS_VARIANTS = (
     "ours+flce",
     "ours+graphs",
     "mixed+graphs",
+    "mixed+shadows+graphs",
 )
 # PyTorch's AdamW as a user would pick it: "foreach" (the default: multi-tensor kernels, several
 # passes over the weights and moments) or "fused" (one pass). On the H100 the foreach step took
@@ -79,16 +83,17 @@ def compile_mode(variant: str) -> tuple[str, str] | None:
     return next(((p, m) for p, m in COMPILE_MODES.items() if variant.startswith(p)), None)
 
 
-def components_for(variant: str) -> LMComponents:
+def components_for(variant: str, shadows=None) -> LMComponents:
     """``ours`` (``+graphs``: the same components), ``mixed`` (ours with SDPA attention),
     ``eager-<attention>``, ``compile-<attention>`` or ``compile-ro-<attention>``, any with
-    ``+flce``: the fused linear cross-entropy head."""
-    base, fused = variant.removesuffix("+graphs").removesuffix("+flce"), variant.endswith("+flce")
-    head = "fused" if fused else "logits"
+    ``+flce``: the fused linear cross-entropy head. ``shadows`` (``+shadows``): our linear layers
+    read the current bf16 copies it holds."""
+    base = variant.removesuffix("+graphs").removesuffix("+shadows").removesuffix("+flce")
+    head = "fused" if variant.endswith("+flce") else "logits"
     if base == "ours":
-        return our_components(head=head)
+        return our_components(head=head, shadows=shadows)
     if base == "mixed":
-        return replace(our_components(head=head), attention=LM_ATTENTIONS["sdpa"])
+        return replace(our_components(head=head, shadows=shadows), attention=LM_ATTENTIONS["sdpa"])
     compiled = compile_mode(base)
     attention = base.removeprefix(compiled[0]) if compiled else base.split("-", 1)[1]
     return torch_components(attention, head=head)
@@ -127,14 +132,25 @@ def adamw(model: TransformerLM, optimizer: str, **options) -> torch.optim.AdamW:
     return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=optimizer == "fused", **options)
 
 
-def make_step(model: TransformerLM, plan: Plan) -> Callable[[], None]:
+def _optimizer(model: TransformerLM, plan: Plan, shadows, **options) -> torch.optim.Optimizer:
+    """The plan's PyTorch AdamW, or with ``shadows`` tritonlab's, which writes them (same lr, betas,
+    eps and weight decay: PyTorch's defaults)."""
+    if shadows is None:
+        return adamw(model, plan.optimizer, **options)
+    from tritonlab.optim import AdamW
+
+    return AdamW(model.parameters(), lr=1e-4, shadows=shadows)
+
+
+def make_step(model: TransformerLM, plan: Plan, shadows=None) -> Callable[[], None]:
     """One step of ``plan.mode`` on a fixed random batch: forward only (no autograd graph kept),
     forward and backward, or forward, backward and AdamW (``+graphs``: that train step captured in
-    one CUDA graph after ``plan.warmup`` warm-up steps, and replayed)."""
+    one CUDA graph after ``plan.warmup`` warm-up steps, and replayed; ``shadows``: the model's bf16
+    weight copies, which tritonlab's AdamW then writes)."""
     tokens, targets = random_batch(model.cfg, plan.batch, plan.context, device=DEVICE)
     if plan.variant.endswith("+graphs"):
-        return _graphed_step(model, plan, tokens, targets)
-    optimizer = adamw(model, plan.optimizer) if plan.mode == "train" else None
+        return _graphed_step(model, plan, tokens, targets, shadows)
+    optimizer = _optimizer(model, plan, shadows) if plan.mode == "train" else None
 
     # Inductor's CUDA graphs (reduce-overhead) reuse their output buffers: each step says it is a new
     # iteration, so none of the last step's outputs is taken as still alive.
@@ -158,14 +174,14 @@ def make_step(model: TransformerLM, plan: Plan) -> Callable[[], None]:
     return step
 
 
-def _graphed_step(model: TransformerLM, plan: Plan, tokens, targets) -> Callable[[], None]:
+def _graphed_step(model: TransformerLM, plan: Plan, tokens, targets, shadows=None) -> Callable[[], None]:
     """The train step as one CUDA graph: the plan's AdamW with ``capturable=True``, its state on
     the GPU. The graph's warm-up steps (which tune our kernels)
     train on the batch and are not undone (``restore=False``): undoing them copies the weights and
     AdamW's state to host memory and back, 41 GB at 2.7B, and the timing does not depend on them."""
     from tritonlab.graphs import GraphedStep
 
-    optimizer = adamw(model, plan.optimizer, capturable=True)
+    optimizer = _optimizer(model, plan, shadows, capturable=True)
     graphed = GraphedStep(model, optimizer, model.loss, (tokens, targets), warmup=max(plan.warmup, 1),
                           autocast_dtype=DTYPES[plan.dtype], restore=False)  # fmt: skip
 
@@ -204,6 +220,16 @@ def step_row(times: list[float], plan: Plan) -> dict:
     }
 
 
+def _new_shadows(variant: str):
+    """An empty ``WeightShadows`` for a ``+shadows`` variant (the model's weights added once it
+    exists), else None."""
+    if "+shadows" not in variant:
+        return None
+    from tritonlab.optim import WeightShadows
+
+    return WeightShadows()
+
+
 def run_plan(plan: Plan) -> dict:
     """Build the model on the device, time its steps, return the row's measurements. ``compile-``:
     the model's loss (forward and cross-entropy) under ``torch.compile``, compiled by the first
@@ -217,14 +243,17 @@ def run_plan(plan: Plan) -> dict:
         torch._dynamo.reset()  # a fresh model must not hit the recompile limit and fall back to eager
     with measure_peak_memory() as mem:
         torch.manual_seed(0)
+        shadows = _new_shadows(plan.variant)
         with DEVICE:
-            model = TransformerLM(cfg, components_for(plan.variant))
+            model = TransformerLM(cfg, components_for(plan.variant, shadows))
+        if shadows is not None:
+            shadows.add(p for p in model.parameters() if p.dim() == 2)  # the linear layers' weights
         if compiled:
             model.loss = torch.compile(model.loss, mode=compiled[1])
         # A compiled model's first step compiles it, and reduce-overhead records its graphs in the
         # next ones: never a timed step.
         warmup = plan.warmup if not compiled else max(plan.warmup, 1 if compiled[1] == "default" else 3)
-        times = time_steps(make_step(model, plan), warmup, plan.steps)
+        times = time_steps(make_step(model, plan, shadows), warmup, plan.steps)
     return {**step_row(times, plan), "peak_mem_gb": mem.peak_gb}
 
 

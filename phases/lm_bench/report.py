@@ -25,7 +25,7 @@ GOAL_SIZES = ("medium", "large", "xl", "2.7B")
 GOAL_CONTEXTS = (512, 1024)
 EAGER = ["eager-naive", "eager-sdpa"]
 COMPILED = ["compile-sdpa", "compile-ro-sdpa"]
-OURS = ["ours", "ours+flce", "ours+graphs", "mixed+graphs"]
+OURS = ["ours", "ours+flce", "ours+graphs", "mixed+graphs", "mixed+shadows+graphs"]
 STEP_COLUMNS = ["mean_ms", "std_ms", "first_ms", "tokens_per_s", "peak_mem_gb"]
 
 
@@ -173,7 +173,9 @@ def _ours(rows: pd.DataFrame) -> str:
                    "the output layer into the loss; `ours+graphs` replays ours' whole train step -- forward, "
                    "backward and AdamW (`capturable=True`) -- from one CUDA graph "
                    "(`tritonlab.graphs.GraphedStep`); `mixed+graphs` is that with PyTorch's SDPA attention in place of "
-                   "flash2's. `optimizer`: every variant of a row steps the same AdamW, PyTorch's `foreach` "
+                   "flash2's; `mixed+shadows+graphs` steps `tritonlab.optim.AdamW`, which also writes the bf16 "
+                   "weights the forward reads (no cast). `optimizer`: every other variant of a row steps the same "
+                   "AdamW, PyTorch's `foreach` "
                    "(its default) or `fused` (one pass over weights and moments; the part's default since "
                    "2026-11-26):\n\n"
                    + markdown_table(wide, [*cols, *speedups]))  # fmt: skip
