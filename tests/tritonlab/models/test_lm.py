@@ -347,30 +347,37 @@ def test_our_components_match_pytorchs_under_bf16_autocast_on_a_gpu():
 
 
 @pytest.mark.gpu
-def test_a_graphed_train_step_on_our_kernels_matches_the_plain_step():
+@pytest.mark.parametrize("optimizer", ["torch", "tritonlab+shadows"])
+def test_a_graphed_train_step_on_our_kernels_matches_the_plain_step(optimizer):
     # Every kernel of ours in one CUDA graph with AdamW: the cross-entropy's target check becomes a
-    # device-side assertion there, the rest launches capture-safely after the warm-up.
+    # device-side assertion there, the rest launches capture-safely after the warm-up. With
+    # tritonlab's AdamW the linear layers read the bf16 weight copies it writes.
     from tritonlab.graphs import GraphedStep
+    from tritonlab.optim import AdamW, WeightShadows
 
     cfg = lm_config("tiny", 64)
     tokens, targets = random_batch(cfg, 2, 64, device="cuda", generator=torch.Generator().manual_seed(3))
 
     def build():
         torch.manual_seed(0)
+        shadows = WeightShadows() if optimizer != "torch" else None
         with torch.device("cuda"):
-            model = TransformerLM(cfg, our_components())
-        return model, torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+            model = TransformerLM(cfg, our_components(shadows=shadows))
+        if shadows is None:
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True), None
+        shadows.add(p for p in model.parameters() if p.dim() == 2)
+        return model, AdamW(model.parameters(), lr=1e-3, shadows=shadows), shadows
 
-    model, optimizer = build()
+    model, opt, _ = build()
     plain = []
     for _ in range(3):
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
             loss = model.loss(tokens, targets)
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
         plain.append(loss.detach().float())
-    graphed_model, graphed_optimizer = build()
+    graphed_model, graphed_optimizer, shadows = build()
     step = GraphedStep(graphed_model, graphed_optimizer, graphed_model.loss, (tokens, targets), warmup=2,
                        autocast_dtype=torch.bfloat16)  # fmt: skip
     graphed = [step.step(tokens, targets).float().clone() for _ in range(3)]
@@ -378,3 +385,5 @@ def test_a_graphed_train_step_on_our_kernels_matches_the_plain_step():
     assert rel_err(torch.stack(graphed), torch.stack(plain)) < 1e-2, (graphed, plain)
     for p, q in zip(graphed_model.parameters(), model.parameters(), strict=True):
         assert rel_err(p.detach(), q.detach()) < 1e-2
+    for p in shadows.params() if shadows is not None else ():  # current, the cast of the trained weights
+        assert torch.equal(shadows.get(p, torch.bfloat16), p.detach().to(torch.bfloat16))
