@@ -29,7 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import tuning, tuning_tables
-from ._runtime import INTERPRET
+from ._runtime import INTERPRET, autocast_dtype
 from .checks import check_offset_range, check_tensor
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -329,9 +329,7 @@ def aligned_empty(rows: int, cols: int, like: Tensor) -> Tensor:
 
 def compute_dtype(x: Tensor) -> torch.dtype:
     """The dtype the kernels compute in: autocast's, when it is on (as F.linear would), else x's."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
+    return autocast_dtype(x) or x.dtype
 
 
 def check_weights_dtype(names: tuple[str, str, str], x: Tensor, w1: Tensor, w2: Tensor) -> torch.dtype:

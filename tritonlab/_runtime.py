@@ -20,6 +20,12 @@ def kernel_device_type() -> str:
     return "cpu" if INTERPRET else "cuda"
 
 
+def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast computes in on ``t``'s device where it is on there, else None."""
+    device = t.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+
+
 @functools.cache
 def sm_count(device: torch.device | int | None = None) -> int:
     """Multiprocessors of a CUDA device (the current one by default), which persistent kernels size

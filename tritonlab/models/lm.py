@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tritonlab._runtime import autocast_dtype
+
 VOCAB_SIZE = 10_000
 
 
@@ -215,9 +217,7 @@ def _rms_norm_triton(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     in the forward and one in the backward."""
     from tritonlab.ops import rms_norm
 
-    device = x.device.type
-    out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    return rms_norm(x, weight, eps, out_dtype=out_dtype)
+    return rms_norm(x, weight, eps, out_dtype=autocast_dtype(x))
 
 
 def _add_rms_norm_triton(x: Tensor, r: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -226,9 +226,7 @@ def _add_rms_norm_triton(x: Tensor, r: Tensor, weight: Tensor, eps: float) -> tu
     in the autocast dtype under autocast, as :func:`_rms_norm_triton` writes it."""
     from tritonlab.ops import add_rms_norm
 
-    device = x.device.type
-    out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    return add_rms_norm(x, r, weight, eps, out_dtype=out_dtype)
+    return add_rms_norm(x, r, weight, eps, out_dtype=autocast_dtype(x))
 
 
 def _swiglu_triton(gate: Tensor, up: Tensor) -> Tensor:
@@ -269,9 +267,8 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
     """
     from tritonlab.ops import fused_linear_cross_entropy
 
-    device = hidden.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
+    dtype = autocast_dtype(hidden)
+    if dtype is not None:
         hidden, weight = hidden.to(dtype), weight.to(dtype)
     return fused_linear_cross_entropy(hidden, weight, targets)
 

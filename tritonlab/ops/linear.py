@@ -29,6 +29,8 @@ dW comes from dy and x, in the weight's dtype.
 import torch
 import torch.nn.functional as F
 
+from .._runtime import autocast_dtype
+
 __all__ = ["linear", "linears"]
 
 
@@ -98,7 +100,7 @@ def _apply(x: torch.Tensor, weights: tuple, shadows) -> tuple[torch.Tensor, ...]
             f"shadows: expected a WeightShadows (with get(weight, dtype)) or None, got {type(shadows).__name__}"
         )
     device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    dtype = autocast_dtype(x)
     casts = (None,) * len(weights)
     if dtype is not None and shadows is not None:
         casts = tuple(_current_shadow(shadows, w, dtype) for w in weights)
