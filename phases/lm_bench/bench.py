@@ -65,6 +65,7 @@ OURS_VARIANTS = (
 # 28.4 ms of a 90 ms large train step at context 1024. `--optimizer` picks it; the ours part times
 # every variant with the fused one, the timing and warm-up parts keep the course's default.
 OPTIMIZERS = ("foreach", "fused")
+LR = 1e-4  # every train step's AdamW, PyTorch's or tritonlab's: one learning rate, the rest defaults
 # Loss and gradient agreement of `ours` with PyTorch's components (relative, over the whole tensor).
 CHECK_TOL = {"fp32": (1e-4, 1e-3), "bf16": (2e-2, 6e-2)}
 
@@ -129,7 +130,7 @@ def adamw(model: TransformerLM, optimizer: str, **options) -> torch.optim.AdamW:
     """The train step's AdamW over ``model``'s parameters, ``optimizer`` one of :data:`OPTIMIZERS`."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=optimizer == "fused", **options)
+    return torch.optim.AdamW(model.parameters(), lr=LR, fused=optimizer == "fused", **options)
 
 
 def _optimizer(model: TransformerLM, plan: Plan, shadows, **options) -> torch.optim.Optimizer:
@@ -139,7 +140,7 @@ def _optimizer(model: TransformerLM, plan: Plan, shadows, **options) -> torch.op
         return adamw(model, plan.optimizer, **options)
     from tritonlab.optim import AdamW
 
-    return AdamW(model.parameters(), lr=1e-4, shadows=shadows)
+    return AdamW(model.parameters(), lr=LR, shadows=shadows)
 
 
 def make_step(model: TransformerLM, plan: Plan, shadows=None) -> Callable[[], None]:
