@@ -55,6 +55,8 @@ class CrossEntropySettings:
     block_bytes: int = 2048 if INTERPRET else 65536
     num_warps: int = 32
     programs_per_sm: float = 1.0
+    # With a softcap up to SOFTCAP_FIXED_MAX: take it as the row's max (``_row_stats``).
+    fixed_max: bool = True
 
     def block_v(self, element_size: int) -> int:
         return triton.next_power_of_2(max(16, self.block_bytes // element_size))
@@ -81,7 +83,18 @@ def fast_tanh(dtype: torch.dtype) -> bool:
     return not INTERPRET and dtype.itemsize == 2
 
 
+# Above this softcap, exp(-2 * softcap) leaves float32's normal range: the fixed-max sweep stops there.
+SOFTCAP_FIXED_MAX = 40.0
+_FTZ_EXP = tl.constexpr(not INTERPRET)
+LOG2E = tl.constexpr(1.4426950408889634)
 _SCALE_BLOCK = 512 if INTERPRET else 4096
+
+
+def fixed_max(softcap: float | None) -> bool:
+    """Whether the softcapped sweep takes the softcap as the row's max (``_row_stats``)."""
+    return softcap is not None and softcap <= SOFTCAP_FIXED_MAX
+
+
 # The compiled kernels per call signature, launched directly after its first call (tritonlab._launch).
 _LAUNCHES = LaunchCache(first_launch)
 
@@ -113,7 +126,7 @@ def _row_logsumexp(row_logits, n_cols, BLOCK_V: tl.constexpr):
         )
         xf = x.to(tl.float32)
         new_max = tl.maximum(running_max, tl.max(xf, axis=0))
-        running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(xf - new_max), axis=0)
+        running_sum = running_sum * _exp(running_max - new_max) + tl.sum(_exp(xf - new_max), axis=0)
         running_max = new_max
         x = x_next
     return running_max + tl.log(running_sum)
@@ -146,6 +159,7 @@ def _cross_entropy_fwd_kernel(
     HAS_SOFTCAP: tl.constexpr = False,
     HAS_ZLOSS: tl.constexpr = False,
     FAST_TANH: tl.constexpr = False,
+    FIXED_MAX: tl.constexpr = False,
 ):
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -156,7 +170,7 @@ def _cross_entropy_fwd_kernel(
             _options_row(
                 row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, LSE_SQ, inv_n, n_cols,
                 stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
-                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
             )  # fmt: skip
         else:
             _plain_row(
@@ -195,7 +209,7 @@ def _plain_row(
             mask = cols < n_cols
             # (a new name: reusing sweep 1's `x` would make it a loop-carried variable of another type)
             logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-            p = tl.exp(logit.to(tl.float32) - lse)
+            p = _exp(logit.to(tl.float32) - lse)
             g = tl.where(cols == target, p - 1.0, p) * scale
             tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
 
@@ -212,6 +226,25 @@ def _tanh(u, FAST_TANH: tl.constexpr):
         )
     else:
         return 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+
+
+@triton.jit
+def _exp2(x):
+    """2**x as ``ex2.approx.ftz.f32`` on a GPU: ``tl.exp2``/``tl.exp`` build the non-ftz instruction,
+    which sm_90 SASS wraps in a compare and two predicated multiplies (for results below 2**-126,
+    which neither the softmax's sums nor the gradients need): three instructions more per logit in
+    each sweep of a kernel that issues about 30 a logit. The interpreter keeps ``tl.exp2``."""
+    if _FTZ_EXP:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _exp(x):
+    return _exp2(x * LOG2E)
 
 
 @triton.jit
@@ -234,47 +267,73 @@ def _add_pair(a, b, c, d):
 
 @triton.jit
 def _row_stats(
-    row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH
+    row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, FIXED_MAX
 ):
     """Sweep 1 with options: (logsumexp(z), sum over classes of w_c * z_c) for z the (softcapped)
     logits; the sum only with label smoothing (w_c = 1 without a weight). Prefetches like
-    ``_row_logsumexp``."""
-    # _row_logsumexp's sweep with the options added: kept apart so the plain kernel stays as measured.
+    ``_row_logsumexp``, whose running max it keeps -- except with ``FIXED_MAX`` (the softcap):
+    z = softcap * tanh(x / softcap) never exceeds the softcap, so that is the max: no running max, no
+    rescaling, and both sums accumulate per lane, reduced once a row instead of once a block (no
+    barrier left in the sweep). exp(z - softcap) >= exp(-2 softcap) stays a normal float32 while
+    softcap <= SOFTCAP_FIXED_MAX."""
+    cols = tl.arange(0, BLOCK_V)
+    x = tl.load(row_logits + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_last")
+    if FIXED_MAX:
+        lane_exp = tl.zeros([BLOCK_V], dtype=tl.float32)
+        lane_t = tl.zeros([BLOCK_V], dtype=tl.float32)
+    cap_log2 = softcap * LOG2E
     running_max = float("-inf")
     running_sum = 0.0
     weighted_z = 0.0
-    cols = tl.arange(0, BLOCK_V)
-    x = tl.load(row_logits + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_last")
     for start in range(BLOCK_V, n_cols + BLOCK_V, BLOCK_V):
         next_cols = start + tl.arange(0, BLOCK_V)
         x_next = tl.load(
             row_logits + next_cols, mask=next_cols < n_cols, other=float("-inf"), eviction_policy="evict_last"
         )
         mask = cols < n_cols
-        z, _ = _softcapped(x.to(tl.float32), softcap, mask, HAS_SOFTCAP, FAST_TANH)
-        new_max = tl.maximum(running_max, tl.max(z, axis=0))
-        if HAS_SMOOTHING:
-            # One two-operand reduction for the exponentials' and the logits' sums: one pass through
-            # shared memory and its barriers instead of two.
-            zs = tl.where(mask, z, 0.0)
-            if HAS_WEIGHT:
-                zs *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
-            block_sum, block_z = tl.reduce((tl.exp(z - new_max), zs), 0, _add_pair)
-            weighted_z += block_z
+        if FIXED_MAX:
+            # exp(z - softcap) = 2**(t * softcap * log2(e) - softcap * log2(e)): one FMA before the exp2
+            t = _tanh(x.to(tl.float32) * (1.0 / softcap), FAST_TANH)
+            lane_exp += tl.where(mask, _exp2(t * cap_log2 - cap_log2), 0.0)
+            if HAS_SMOOTHING:
+                ts = tl.where(mask, t, 0.0)  # the softcap's factor goes on once, at the end
+                if HAS_WEIGHT:
+                    ts *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
+                lane_t += ts
         else:
-            block_sum = tl.sum(tl.exp(z - new_max), axis=0)
-        running_sum = running_sum * tl.exp(running_max - new_max) + block_sum
-        running_max = new_max
+            z, _ = _softcapped(x.to(tl.float32), softcap, mask, HAS_SOFTCAP, FAST_TANH)
+            new_max = tl.maximum(running_max, tl.max(z, axis=0))
+            if HAS_SMOOTHING:
+                # One two-operand reduction for the exponentials' and the logits' sums: one pass through
+                # shared memory and its barriers instead of two.
+                zs = tl.where(mask, z, 0.0)
+                if HAS_WEIGHT:
+                    zs *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
+                block_sum, block_z = tl.reduce((_exp(z - new_max), zs), 0, _add_pair)
+                weighted_z += block_z
+            else:
+                block_sum = tl.sum(_exp(z - new_max), axis=0)
+            running_sum = running_sum * _exp(running_max - new_max) + block_sum
+            running_max = new_max
         x = x_next
         cols = next_cols
-    return running_max + tl.log(running_sum), weighted_z
+    if FIXED_MAX:
+        if HAS_SMOOTHING:
+            sum_exp, sum_t = tl.reduce((lane_exp, lane_t), 0, _add_pair)
+            weighted_z = softcap * sum_t
+        else:
+            sum_exp = tl.sum(lane_exp, axis=0)
+        lse = softcap + tl.log(sum_exp)
+    else:
+        lse = running_max + tl.log(running_sum)
+    return lse, weighted_z
 
 
 @triton.jit
 def _options_row(
     row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, LSE_SQ, inv_n, n_cols, stride_grad,
     smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
-    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
 ):  # fmt: skip
     """One row with options, z the (softcapped) logits, w the class weights (1 without), eps the
     smoothing, C = n_cols, W = sum of w:
@@ -286,7 +345,16 @@ def _options_row(
     the host to add times its scale) adds 2 * scale * lse * p_c, times the mean's 1 / (counted rows).
     The softcap's derivative, 1 - tanh**2, multiplies the gradient of z."""
     lse, weighted_z = _row_stats(
-        row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH
+        row_logits,
+        WEIGHT,
+        n_cols,
+        softcap,
+        BLOCK_V,
+        HAS_WEIGHT,
+        HAS_SMOOTHING,
+        HAS_SOFTCAP,
+        FAST_TANH,
+        FIXED_MAX,
     )
     bad = ~ignored & ((target < 0) | (target >= n_cols))
     read = ~ignored & ~bad
@@ -320,12 +388,18 @@ def _options_row(
         hit_scale = hit * ce_scale
         spread = smoothing / n_cols_f * ce_scale
         row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
+        cap_log2 = softcap * LOG2E
+        lse_log2 = lse * LOG2E
         for start in range(0, n_cols, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             mask = cols < n_cols
             logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-            z, t = _softcapped(logit.to(tl.float32), softcap, mask, HAS_SOFTCAP, FAST_TANH)
-            g = tl.exp(z - lse) * p_scale
+            if HAS_SOFTCAP:
+                # exp(z - lse) as 2**(t * softcap * log2(e) - lse * log2(e)): one FMA before the exp2
+                t = _tanh(logit.to(tl.float32) * (1.0 / softcap), FAST_TANH)
+                g = _exp2(t * cap_log2 - lse_log2) * p_scale
+            else:
+                g = _exp(logit.to(tl.float32) - lse) * p_scale
             g = tl.where(cols == target, g - hit_scale, g)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
@@ -468,6 +542,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                 HAS_SOFTCAP=options.softcap is not None,
                 HAS_ZLOSS=has_zloss,
                 FAST_TANH=fast_tanh(rows.dtype),
+                FIXED_MAX=settings.fixed_max and fixed_max(options.softcap),
             )
         _launch(
             _cross_entropy_fwd_kernel,

@@ -62,6 +62,7 @@ from .cross_entropy import (
     _target_stats_kernel,
     check_target,
     fast_tanh,
+    fixed_max,
 )
 
 # Bytes of one chunk's logits: large enough that each chunk's GEMMs run at full speed on an H100
@@ -117,6 +118,7 @@ def _chunked_pass(
             HAS_SMOOTHING=label_smoothing != 0.0,
             HAS_SOFTCAP=softcap is not None,
             FAST_TANH=fast_tanh(x.dtype),
+            FIXED_MAX=DEFAULT_SETTINGS.fixed_max and fixed_max(softcap),
         )
     settings = DEFAULT_SETTINGS
     block_v = settings.block_v(x.element_size())

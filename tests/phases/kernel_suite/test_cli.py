@@ -82,16 +82,18 @@ def test_tune_sweeps_run_and_are_checked(monkeypatch):
     monkeypatch.setattr(bench, "RMS_SETTINGS", bench.RMS_SETTINGS[:2])
     writer = ResultWriter("kernel_suite", subdir="tune")
     rows = run_cells(writer, bench.tune_cells("fp32", {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}))
-    # cross-entropy four times (the plain loss; the options kernel all on, smoothing, softcap),
-    # RMSNorm's backward once
-    assert len(rows) == 4 * len(bench.CE_SETTINGS) + len(bench.RMS_SETTINGS)
+    # cross-entropy four times (the plain loss; the options kernel all on, smoothing, softcap: the
+    # two with the softcap with the fixed and the running max), RMSNorm's backward once
+    assert len(rows) == 6 * len(bench.CE_SETTINGS) + len(bench.RMS_SETTINGS)
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
     kernels = [r["kernel"] for r in rows]
-    for kernel in (
-        "cross_entropy",
-        "cross_entropy_options",
-        "cross_entropy_smoothing",
-        "cross_entropy_softcap",
+    for kernel, runs in (
+        ("cross_entropy", 1),
+        ("cross_entropy_options", 2),
+        ("cross_entropy_smoothing", 1),
+        ("cross_entropy_softcap", 2),
     ):
-        assert kernels.count(kernel) == len(bench.CE_SETTINGS)
+        assert kernels.count(kernel) == runs * len(bench.CE_SETTINGS)
+    softcapped = [r["setting"] for r in rows if r["kernel"] == "cross_entropy_softcap"]
+    assert sum("fixed_max=False" in s for s in softcapped) == len(bench.CE_SETTINGS)
     assert writer.path.parent.name == "tune"  # kept out of the benchmark's tables

@@ -10,11 +10,19 @@ these lengths); fp16 outputs are rounded to 11 significant bits: 2e-3. The inter
 2 KB (512 float32 / 1024 float16 logits), so 1500 and 4097 classes end in a partial block.
 """
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tritonlab.ops import GEGLU, CrossEntropyLoss, RMSNorm, cross_entropy, geglu, rms_norm
+from tritonlab.ops.cross_entropy import (
+    DEFAULT_SETTINGS,
+    SOFTCAP_FIXED_MAX,
+    CrossEntropyFunction,
+    CrossEntropyOptions,
+)
 from tritonlab.testing import rel_err
 
 FP32_TOL = 1e-5
@@ -156,6 +164,27 @@ def test_cross_entropy_float32_weight_with_fp16_logits():
     logits, target, kwargs = _case(5, 300, torch.float16, "weight")
     kwargs["weight"] = kwargs["weight"].float()  # accepted: the kernel reads weights in float32
     _check_cross_entropy(logits, target, kwargs, "mean", torch.tensor(1.0, dtype=torch.float16), FP16_TOL)
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+@pytest.mark.parametrize("softcap", [30.0, SOFTCAP_FIXED_MAX, 1.5 * SOFTCAP_FIXED_MAX])
+def test_cross_entropy_softcap_with_the_fixed_and_the_running_max(softcap, fixed):
+    # Every logit far below -softcap: z sits at -softcap, each exponential of the fixed-max sweep at
+    # exp(-2 softcap), which must stay a normal float32 up to SOFTCAP_FIXED_MAX (above it the running
+    # max takes over whatever the setting says); one row with a spread of logits beside them.
+    gen = torch.Generator().manual_seed(3)
+    logits = -4 * softcap + torch.randn(4, 301, generator=gen)
+    logits[2] = softcap * torch.randn(301, generator=gen)
+    target = torch.randint(0, 301, (4,), generator=gen)
+    options = CrossEntropyOptions(label_smoothing=0.1, softcap=softcap)
+    settings = dataclasses.replace(DEFAULT_SETTINGS, fixed_max=fixed)
+    x = leaf(logits)
+    loss = CrossEntropyFunction.apply(x, target, IGNORE, "mean", False, True, settings, options)
+    (grad,) = torch.autograd.grad(loss, x)
+    xr = f64(logits)
+    ref = cross_entropy_ref(xr, target, label_smoothing=0.1, softcap=softcap)
+    (grad_ref,) = torch.autograd.grad(ref, xr)
+    assert rel_err(loss, ref) < FP32_TOL and rel_err(grad, grad_ref) < FP32_TOL
 
 
 def test_cross_entropy_large_softcap_is_the_plain_loss():
