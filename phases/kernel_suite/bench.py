@@ -592,12 +592,13 @@ def tune_cells(dtype_name: str, bench_kw: dict) -> list[Cell]:
     sizes = TUNE_SIZES if ON_GPU else TUNE_SIZES_CPU
     out = []
     rows, vocab = sizes["cross_entropy"]
-    # The plain loss, every option on, and the two options that cost most alone (z-loss costs ~2%).
+    # The plain loss, every option on, and each option alone.
     for kernel in (
         "cross_entropy",
         "cross_entropy_options",
         "cross_entropy_smoothing",
         "cross_entropy_softcap",
+        "cross_entropy_zloss",
     ):
         for block_bytes, warps, per_sm in CE_SETTINGS:
             for fixed in (True, False) if kernel in CE_SOFTCAP_KERNELS else (True,):

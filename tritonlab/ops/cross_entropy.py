@@ -63,13 +63,13 @@ class CrossEntropySettings:
 
 
 DEFAULT_SETTINGS = CrossEntropySettings()
-# Label smoothing and the softcap together (a tanh a logit in each sweep, the smoothing sum beside the
-# softmax's) make the kernel bound by its instructions; at 32 warps a thread has 64 registers, and
-# 64 KB blocks then spill (sm_90 ptxas). 32 KB blocks at 32 warps spill nothing (62 registers): with
-# every option on, 4.19 ms against 5.12 at 64 KB and 4.53 at 16 KB / 16 warps / two rows per SM, at
-# 16384 x 128256 bf16 on the H100 (``kernel_suite --tune``; the plain loss: 3.22). Each option alone
-# runs fastest on the plain loss's settings (smoothing 3.46 against 3.62 ms here, softcap 3.65
-# against 3.87), so only the two together take these.
+# With the softcap (a tanh a logit in each sweep) the kernel is bound by its instructions; at 32 warps
+# a thread has 64 registers, and with the fixed max's per-lane sums 64 KB blocks spill (sm_90 ptxas)
+# and run at 5.5 ms. 32 KB blocks at 32 warps, at 16384 x 128256 bf16 on the H100 (``kernel_suite
+# --tune``, the plain loss 3.21 ms in the same run): softcap alone 3.41 ms, every option on 3.50 (3.90
+# with the running max; it spills 168 bytes a thread there with the fixed one and is still the
+# fastest). Without the softcap each option runs fastest on the plain loss's settings (smoothing 3.38
+# ms against 3.42 at 32 KB).
 OPTIONS_SETTINGS = CrossEntropySettings(
     block_bytes=4096 if INTERPRET else 32768, num_warps=32, programs_per_sm=1.0
 )
@@ -477,11 +477,9 @@ class CrossEntropyOptions:
         )
 
 
-def launch_settings(options: CrossEntropyOptions | None) -> CrossEntropySettings:
-    """The measured launch settings for these options: ``OPTIONS_SETTINGS`` where label smoothing and
-    the softcap are both on, the plain loss's otherwise (see ``OPTIONS_SETTINGS``)."""
-    heavy = options is not None and options.label_smoothing != 0.0 and options.softcap is not None
-    return OPTIONS_SETTINGS if heavy else DEFAULT_SETTINGS
+def launch_settings(softcap: float | None) -> CrossEntropySettings:
+    """The measured launch settings: ``OPTIONS_SETTINGS`` with a softcap, the plain loss's without."""
+    return OPTIONS_SETTINGS if softcap is not None else DEFAULT_SETTINGS
 
 
 class CrossEntropyFunction(torch.autograd.Function):
@@ -498,7 +496,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         options: CrossEntropyOptions | None = None,
     ):
         options = options if options is not None and not options.plain else None
-        settings = settings or launch_settings(options)
+        settings = settings or launch_settings(options.softcap if options is not None else None)
         shape = logits.shape
         rows = as_rows(logits)
         n_rows, n_cols = rows.shape

@@ -54,7 +54,6 @@ from .._launch import LaunchCache, first_launch, launch
 from .._runtime import INTERPRET
 from ..checks import check_same, check_tensor, persistent_programs
 from .cross_entropy import (
-    DEFAULT_SETTINGS,
     _cross_entropy_fwd_kernel,
     _out_of_range_count,
     _raise_out_of_range,
@@ -63,6 +62,7 @@ from .cross_entropy import (
     check_target,
     fast_tanh,
     fixed_max,
+    launch_settings,
 )
 
 # Bytes of one chunk's logits: large enough that each chunk's GEMMs run at full speed on an H100
@@ -118,9 +118,9 @@ def _chunked_pass(
             HAS_SMOOTHING=label_smoothing != 0.0,
             HAS_SOFTCAP=softcap is not None,
             FAST_TANH=fast_tanh(x.dtype),
-            FIXED_MAX=DEFAULT_SETTINGS.fixed_max and fixed_max(softcap),
+            FIXED_MAX=fixed_max(softcap),
         )
-    settings = DEFAULT_SETTINGS
+    settings = launch_settings(softcap)
     block_v = settings.block_v(x.element_size())
 
     rows_per_chunk = min(chunk_rows, max(n_rows, 1))

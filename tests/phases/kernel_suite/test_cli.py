@@ -82,9 +82,9 @@ def test_tune_sweeps_run_and_are_checked(monkeypatch):
     monkeypatch.setattr(bench, "RMS_SETTINGS", bench.RMS_SETTINGS[:2])
     writer = ResultWriter("kernel_suite", subdir="tune")
     rows = run_cells(writer, bench.tune_cells("fp32", {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}))
-    # cross-entropy four times (the plain loss; the options kernel all on, smoothing, softcap: the
-    # two with the softcap with the fixed and the running max), RMSNorm's backward once
-    assert len(rows) == 6 * len(bench.CE_SETTINGS) + len(bench.RMS_SETTINGS)
+    # cross-entropy five times (the plain loss; the options kernel all on, smoothing, softcap, z-loss:
+    # the two with the softcap with the fixed and the running max), RMSNorm's backward once
+    assert len(rows) == 7 * len(bench.CE_SETTINGS) + len(bench.RMS_SETTINGS)
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
     kernels = [r["kernel"] for r in rows]
     for kernel, runs in (
@@ -92,6 +92,7 @@ def test_tune_sweeps_run_and_are_checked(monkeypatch):
         ("cross_entropy_options", 2),
         ("cross_entropy_smoothing", 1),
         ("cross_entropy_softcap", 2),
+        ("cross_entropy_zloss", 1),
     ):
         assert kernels.count(kernel) == runs * len(bench.CE_SETTINGS)
     softcapped = [r["setting"] for r in rows if r["kernel"] == "cross_entropy_softcap"]
