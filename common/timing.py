@@ -40,11 +40,16 @@ except ImportError:  # pragma: no cover - depends on the machine
 @dataclass
 class CompileTally:
     """What Triton's compiler did inside a ``triton_compiles()`` block: kernels compiled (cache
-    misses) and the seconds that took, kernels loaded from its on-disk cache."""
+    misses) and the seconds that took, kernels loaded from its on-disk cache, and the C launchers
+    built (``launchers_built``, ``launcher_s``): Triton compiles one per kernel signature with the
+    system's C compiler the first time a kernel runs on an empty cache, apart from the kernel's own
+    compile, which its listener times."""
 
     compiled: int = 0
     compile_s: float = 0.0
     loaded: int = 0
+    launchers_built: int = 0
+    launcher_s: float = 0.0
 
 
 @contextlib.contextmanager
@@ -67,11 +72,25 @@ def triton_compiles():
                 src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit
             )
 
+    from triton.runtime import build
+
+    default_build = build._build  # called by build.compile_module_from_src on a cache miss
+
+    def timed_build(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return default_build(*args, **kwargs)
+        finally:
+            tally.launchers_built += 1
+            tally.launcher_s += time.perf_counter() - start
+
     knobs.compilation.listener = listen
+    build._build = timed_build
     try:
         yield tally
     finally:
         knobs.compilation.listener = previous
+        build._build = default_build
 
 
 def nvtx_range(name: str):

@@ -131,7 +131,8 @@ def run_size(plan: Plan, write: Callable[[dict], dict], timer: Callable | None =
                 write({**base, "variant": variant, "startup_s": chosen.startup_s,
                        "ops_selected": len(chosen.choices), "ops_triton": n_triton,
                        "compile_s": compiles.compile_s, "kernels_compiled": compiles.compiled,
-                       "kernels_loaded": compiles.loaded})  # fmt: skip
+                       "kernels_loaded": compiles.loaded, "launcher_s": compiles.launcher_s,
+                       "launchers_built": compiles.launchers_built})  # fmt: skip
             except Exception as err:
                 write({**base, "variant": variant, **failure(err)})
         if selection is not None:

@@ -37,10 +37,12 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         if not sel.empty:
             out += ["Start-up cost of `select` (s): cold (empty cache: trial calls, compile, autotune, "
                     "timing) and cached. `compile_s`: of it, Triton compiling kernels its on-disk cache "
-                    "did not hold (`kernels_compiled`; `kernels_loaded` came from that cache): a first "
-                    "run's cost on a machine, which a restart does not pay.\n",
+                    "did not hold (`kernels_compiled`; `kernels_loaded` came from that cache); `launcher_s`: "
+                    "building the C launchers of new kernel signatures (`launchers_built`, rows from "
+                    "2026-11-26 on): a first run's cost on a machine, which a restart does not pay.\n",
                     markdown_table(sel, [c for c in ["variant", "startup_s", "compile_s", "kernels_compiled",
-                    "kernels_loaded", "ops_selected", "ops_triton"] if c in sel])]  # fmt: skip
+                    "kernels_loaded", "launcher_s", "launchers_built", "ops_selected", "ops_triton"]
+                    if c in sel])]  # fmt: skip
         ch = rows.loc[(rows["variant"] == "choice") & (rows["status"] == "ok")]
         if not ch.empty:
             cols = ["op", "shapes", "op_dtype", "pytorch_ms", "triton_ms", "speedup", "choice", "reason",
@@ -119,6 +121,9 @@ def headline(df: pd.DataFrame) -> list[Verdict]:
             if "compile_s" in rows
             else pd.Series()
         )
+        if "launcher_s" in rows:  # the C launchers Triton builds beside its kernels (older rows lack it)
+            launchers = _num(rows.loc[rows["variant"] == "select-cold"], "launcher_s").fillna(0.0)
+            compiling = compiling.add(launchers, fill_value=0.0)
         if not compiling.empty and not cold.empty:  # the same goal with the kernels already on disk
             own = (cold - compiling).max()
             verdicts.append(_verdict(f"{size}: cold selection < {COLD_S:g} s, less Triton's first compiles",

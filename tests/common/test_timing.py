@@ -95,3 +95,31 @@ def test_triton_compiles_counts_compilations_and_cache_loads(tmp_path):
     assert (got["compiled"], got["loaded"]) == (1, 1) and got["compile_s"] > 0
     # The listener set before still hears every compile, and is set again afterwards.
     assert got["heard"] == [False, True] and got["restored"] == "<lambda>"
+
+
+_BUILD_MODULE = r"""
+import json
+from triton.runtime import build
+from common.timing import triton_compiles
+
+src = ("#include <Python.h>\n"
+       'static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "tiny", NULL, -1, NULL};\n'
+       "PyMODINIT_FUNC PyInit_tiny(void) { return PyModule_Create(&m); }\n")
+default = build._build
+with triton_compiles() as tally:
+    build.compile_module_from_src(src, "tiny")  # an empty cache: built
+    build.compile_module_from_src(src, "tiny")  # from the cache
+print(json.dumps({"built": tally.launchers_built, "seconds": tally.launcher_s,
+                  "restored": build._build is default}))
+"""
+
+
+def test_triton_compiles_times_the_c_launchers_it_builds(tmp_path):
+    # Triton's launchers are C modules it compiles per kernel signature (compile_module_from_src);
+    # a tiny module stands in for one: built once, then loaded from the cache.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    out = subprocess.run([sys.executable, "-c", _BUILD_MODULE], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["built"] == 1 and got["seconds"] > 0 and got["restored"]
