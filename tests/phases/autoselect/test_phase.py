@@ -104,6 +104,8 @@ def test_the_cold_selection_is_also_judged_without_tritons_first_compiles(tmp_pa
     assert "compile_s" in text and "kernels_compiled" in text
     # Rows that time the C launchers Triton built take them off too.
     rows.loc[rows["variant"] == "select-cold", ["launcher_s", "launchers_built"]] = (0.5, 4)
-    own = {v.cell: v for v in report.headline(rows)}["seed: cold selection < 3 s, less Triton's first compiles"]
+    own = {v.cell: v for v in report.headline(rows)}[
+        "seed: cold selection < 3 s, less Triton's first compiles"
+    ]
     assert own.ratio == pytest.approx(3.0 / 1.0)
     assert "launchers_built" in report.render(rows, Figures("autoselect", tmp_path, "H100"))

@@ -30,7 +30,9 @@ print(json.dumps(out))
 """
 
 if __name__ == "__main__":
-    print(f"# {subprocess.run(['nvidia-smi', '--query-gpu=name', '--format=csv,noheader'], capture_output=True, text=True).stdout.strip()}")
+    print(
+        f"# {subprocess.run(['nvidia-smi', '--query-gpu=name', '--format=csv,noheader'], capture_output=True, text=True).stdout.strip()}"
+    )
     for exp in ("ftz", "tl.exp", "ftz"):
         res = subprocess.run([sys.executable, "-c", CHILD, exp], capture_output=True, text=True)
         if res.returncode:
