@@ -126,7 +126,7 @@ def _row_logsumexp(row_logits, n_cols, BLOCK_V: tl.constexpr):
         )
         xf = x.to(tl.float32)
         new_max = tl.maximum(running_max, tl.max(xf, axis=0))
-        running_sum = running_sum * _exp(running_max - new_max) + tl.sum(_exp(xf - new_max), axis=0)
+        running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(xf - new_max), axis=0)
         running_max = new_max
         x = x_next
     return running_max + tl.log(running_sum)
@@ -209,7 +209,7 @@ def _plain_row(
             mask = cols < n_cols
             # (a new name: reusing sweep 1's `x` would make it a loop-carried variable of another type)
             logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-            p = _exp(logit.to(tl.float32) - lse)
+            p = tl.exp(logit.to(tl.float32) - lse)
             g = tl.where(cols == target, p - 1.0, p) * scale
             tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
 
@@ -230,21 +230,19 @@ def _tanh(u, FAST_TANH: tl.constexpr):
 
 @triton.jit
 def _exp2(x):
-    """2**x as ``ex2.approx.ftz.f32`` on a GPU: ``tl.exp2``/``tl.exp`` build the non-ftz instruction,
-    which sm_90 SASS wraps in a compare and two predicated multiplies (for results below 2**-126,
-    which neither the softmax's sums nor the gradients need): three instructions more per logit in
-    each sweep of a kernel that issues about 30 a logit. The interpreter keeps ``tl.exp2``."""
+    """2**x as ``ex2.approx.ftz.f32`` on a GPU, for the softcapped sweeps: ``tl.exp2`` builds the
+    non-ftz instruction, which sm_90 SASS wraps in a compare and two predicated multiplies (for
+    results below 2**-126, which neither the sums nor the gradients need). Every option on, 3.50 ms
+    against 3.55 with ``tl.exp`` (H100, 16384 x 128256 bf16); without the softcap the same
+    instruction made the z-loss and smoothing kernels 7-10% slower (3.50 against 3.17 ms, 3.35 against
+    3.13: ``reports/data/kernel_suite/diagnostics/``), so the other sweeps keep ``tl.exp``. The
+    interpreter keeps ``tl.exp2``."""
     if _FTZ_EXP:
         return tl.inline_asm_elementwise(
             "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
     else:
         return tl.exp2(x)
-
-
-@triton.jit
-def _exp(x):
-    return _exp2(x * LOG2E)
 
 
 @triton.jit
@@ -309,11 +307,11 @@ def _row_stats(
                 zs = tl.where(mask, z, 0.0)
                 if HAS_WEIGHT:
                     zs *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
-                block_sum, block_z = tl.reduce((_exp(z - new_max), zs), 0, _add_pair)
+                block_sum, block_z = tl.reduce((tl.exp(z - new_max), zs), 0, _add_pair)
                 weighted_z += block_z
             else:
-                block_sum = tl.sum(_exp(z - new_max), axis=0)
-            running_sum = running_sum * _exp(running_max - new_max) + block_sum
+                block_sum = tl.sum(tl.exp(z - new_max), axis=0)
+            running_sum = running_sum * tl.exp(running_max - new_max) + block_sum
             running_max = new_max
         x = x_next
         cols = next_cols
@@ -399,7 +397,7 @@ def _options_row(
                 t = _tanh(logit.to(tl.float32) * (1.0 / softcap), FAST_TANH)
                 g = _exp2(t * cap_log2 - lse_log2) * p_scale
             else:
-                g = _exp(logit.to(tl.float32) - lse) * p_scale
+                g = tl.exp(logit.to(tl.float32) - lse) * p_scale
             g = tl.where(cols == target, g - hit_scale, g)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
