@@ -28,10 +28,10 @@ Launch settings (:class:`CrossEntropySettings`, swept by ``python -m phases kern
 each sweep-1 iteration moves ``block_bytes`` of logits -- 64 KB measured fastest at 16384 x 128256
 bf16 on the H100 (3.60 ms against 3.95 ms at 32 KB: more bytes in flight per SM), so the block's
 *element* count follows the element size (32 768 bf16 logits, 16 384 float32 ones: the same bytes
-and registers per thread). Label smoothing with the softcap has settings of its own
-(``OPTIONS_SETTINGS``: 32 KB blocks at 32 warps, no spills). The interpreter runs small blocks faster.
+and registers per thread). The softcap has settings of its own (``OPTIONS_SETTINGS``: 32 KB blocks
+at 32 warps). The interpreter runs small blocks faster.
 On a GPU each kernel is compiled at the first call of a signature and launched directly after it
-(``tritonlab._launch.launch``), except with class weights or the z-loss (see ``_launch``).
+(``tritonlab._launch.launch``), except with class weights (see ``_launch``).
 """
 
 import math
@@ -101,10 +101,10 @@ _LAUNCHES = LaunchCache(first_launch)
 
 def _launch(kernel, grid: tuple, tensors: tuple, scalars: tuple, constexprs: dict) -> None:
     """``kernel[grid](*tensors, *scalars, **constexprs)``, launched directly after the first call of a
-    signature -- but through Triton's launcher where the class weights or the z-loss put tensors
-    among the keyword arguments (they follow the constexprs in the kernels' parameters): a direct
-    launch would replay those from its first call."""
-    if constexprs.get("WEIGHT") is None and constexprs.get("LSE_SQ") is None:
+    signature -- but through Triton's launcher where the class weights put tensors among the keyword
+    arguments (they follow the constexprs in the kernels' parameters): a direct launch would replay
+    those from its first call."""
+    if constexprs.get("WEIGHT") is None:
         launch(_LAUNCHES, kernel, grid, tensors, scalars, constexprs)
     else:
         kernel[grid](*tensors, *scalars, **constexprs)
@@ -150,7 +150,6 @@ def _cross_entropy_fwd_kernel(
     # The options: all off (the defaults, None / 0.0) specialise to exactly the kernel above them.
     WEIGHT=None,
     WEIGHT_STATS=None,
-    LSE_SQ=None,
     smoothing=0.0,
     softcap=1.0,
     lse_square_scale=0.0,
@@ -168,7 +167,7 @@ def _cross_entropy_fwd_kernel(
         ignored = target == ignore_index
         if HAS_WEIGHT or HAS_SMOOTHING or HAS_SOFTCAP or HAS_ZLOSS:
             _options_row(
-                row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, LSE_SQ, inv_n, n_cols,
+                row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols,
                 stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
                 HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
             )  # fmt: skip
@@ -329,7 +328,7 @@ def _row_stats(
 
 @triton.jit
 def _options_row(
-    row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, LSE_SQ, inv_n, n_cols, stride_grad,
+    row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols, stride_grad,
     smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
     HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
 ):  # fmt: skip
@@ -339,8 +338,8 @@ def _options_row(
         loss = (1 - eps) * w_t * (lse - z_t) + eps / C * (W * lse - sum_c w_c z_c)   [F.cross_entropy]
         dloss/dz_c = ((1 - eps) * w_t + eps / C * W) * p_c - (1 - eps) * w_t * [c == t] - eps / C * w_c
 
-    both times the mean's 1 / (sum of w_t over counted rows); the z-loss lse**2 (stored apart, for
-    the host to add times its scale) adds 2 * scale * lse * p_c, times the mean's 1 / (counted rows).
+    both times the mean's 1 / (sum of w_t over counted rows); the z-loss adds scale * lse**2 to the
+    row's loss and 2 * scale * lse * p_c to its gradient, averaged over the counted rows by the mean.
     The softcap's derivative, 1 - tanh**2, multiplies the gradient of z."""
     lse, weighted_z = _row_stats(
         row_logits,
@@ -373,9 +372,14 @@ def _options_row(
         hit = w_target
         loss = hit * (lse - z_target)
         p_factor = hit
-    tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
     if HAS_ZLOSS:
-        tl.store(LSE_SQ + row, tl.where(ignored, 0.0, tl.where(bad, float("nan"), lse * lse)))
+        z_loss = lse_square_scale * lse * lse
+        if HAS_WEIGHT and MEAN:
+            # The host divides the rows' sum by the counted weights; the z-loss's mean is over the
+            # counted rows (Liger-Kernel's convention), so its share is rescaled by their ratio.
+            z_loss *= inv_n * tl.load(WEIGHT_STATS + 1)
+        loss += z_loss
+    tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
     if COMPUTE_GRAD:
         # Ignored rows get exactly 0 (the mean's scale is inf when every row is ignored), bad rows NaN.
         ce_scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), ce_scale))
@@ -520,23 +524,18 @@ class CrossEntropyFunction(torch.autograd.Function):
             dict(BLOCK=1024, WEIGHT=weight, WEIGHT_STATS=weight_stats),
         )  # fmt: skip
         stats_seen = _stats_to_host(stats) if check_targets else None
-        lse_sq = None
         option_args = {}
         if options is not None:
-            has_zloss = options.lse_square_scale != 0.0
-            if has_zloss:
-                lse_sq = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
             option_args = dict(
                 WEIGHT=weight,
                 WEIGHT_STATS=weight_stats,
-                LSE_SQ=lse_sq,
                 smoothing=float(options.label_smoothing),
                 softcap=float(options.softcap or 1.0),
                 lse_square_scale=float(options.lse_square_scale),
                 HAS_WEIGHT=weight is not None,
                 HAS_SMOOTHING=options.label_smoothing != 0.0,
                 HAS_SOFTCAP=options.softcap is not None,
-                HAS_ZLOSS=has_zloss,
+                HAS_ZLOSS=options.lse_square_scale != 0.0,
                 FAST_TANH=fast_tanh(rows.dtype),
                 FIXED_MAX=settings.fixed_max and fixed_max(options.softcap),
             )
@@ -563,14 +562,9 @@ class CrossEntropyFunction(torch.autograd.Function):
         # F.cross_entropy's dtype: the logits' own, float32 under autocast (its float32 policy, which
         # upcasts the logits: the same values as reading them in float32 here, without the copy).
         out_dtype = torch.float32 if torch.is_autocast_enabled(logits.device.type) else logits.dtype
-        scale = options.lse_square_scale if lse_sq is not None else 0.0
         if reduction == "mean":
             ce = loss_rows.sum() / (weight_stats[1] if weight is not None else stats[0])
-            if lse_sq is not None:
-                ce = ce + scale * lse_sq.sum() / stats[0]
             return ce.to(out_dtype)
-        if lse_sq is not None:
-            loss_rows = loss_rows + scale * lse_sq
         if reduction == "sum":
             return loss_rows.sum().to(out_dtype)
         return loss_rows.view(shape[:-1]).to(out_dtype)

@@ -29,10 +29,10 @@ results = {}
 for name, fast in (("plain", None), ("softcap", False), ("softcap-fast", True)):
     sig, consts = dict(signature), dict(constants)
     if fast is not None:
-        sig.update({"WEIGHT": "constexpr", "WEIGHT_STATS": "constexpr", "LSE_SQ": "constexpr", "smoothing": "fp32",
+        sig.update({"WEIGHT": "constexpr", "WEIGHT_STATS": "constexpr", "smoothing": "fp32",
                     "softcap": "fp32", "lse_square_scale": "fp32", "HAS_SOFTCAP": "constexpr",
                     "FAST_TANH": "constexpr"})
-        consts.update({"WEIGHT": None, "WEIGHT_STATS": None, "LSE_SQ": None, "HAS_SOFTCAP": True, "FAST_TANH": fast})
+        consts.update({"WEIGHT": None, "WEIGHT_STATS": None, "HAS_SOFTCAP": True, "FAST_TANH": fast})
     out = triton.compile(ASTSource(_cross_entropy_fwd_kernel, signature=sig, constexprs=consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,7 +75,7 @@ from tritonlab.ops.cross_entropy import DEFAULT_SETTINGS, OPTIONS_SETTINGS, _cro
 from tritonlab.tuning import ptxas_report
 
 sig = {n: "i32" for n in kernel.arg_names}
-sig.update(LOGITS="*bf16", TARGET="*i64", LOSS="*fp32", GRAD="*bf16", N_VALID="*i32", LSE_SQ="*fp32",
+sig.update(LOGITS="*bf16", TARGET="*i64", LOSS="*fp32", GRAD="*bf16", N_VALID="*i32",
            smoothing="fp32", softcap="fp32", lse_square_scale="fp32", stride_logits="i64", stride_grad="i64")
 results = {}
 for name, settings in (("default", DEFAULT_SETTINGS), ("options", OPTIONS_SETTINGS)):
