@@ -118,9 +118,10 @@ def _chunked_pass(
             HAS_SMOOTHING=label_smoothing != 0.0,
             HAS_SOFTCAP=softcap is not None,
             FAST_TANH=fast_tanh(x.dtype),
-            FIXED_MAX=fixed_max(softcap),
         )
     settings = launch_settings(softcap)
+    if option_args:
+        option_args["FIXED_MAX"] = settings.fixed_max and fixed_max(softcap)
     block_v = settings.block_v(x.element_size())
 
     rows_per_chunk = min(chunk_rows, max(n_rows, 1))

@@ -107,3 +107,46 @@ def test_the_softcap_takes_the_options_settings():
 
     assert launch_settings(None) is DEFAULT_SETTINGS
     assert launch_settings(30.0) is launch_settings(1e4) is OPTIONS_SETTINGS
+
+
+_BARRIERS = r"""
+import json, re, subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tritonlab.ops.cross_entropy import OPTIONS_SETTINGS, _cross_entropy_fwd_kernel as kernel
+
+bin_dir = Path(sys.argv[1])
+sig = {n: "i32" for n in kernel.arg_names}
+sig.update(LOGITS="*bf16", TARGET="*i64", LOSS="*fp32", GRAD="*bf16", N_VALID="*i32", smoothing="fp32",
+           softcap="fp32", lse_square_scale="fp32", stride_logits="i64", stride_grad="i64")
+out = {}
+for fixed in (True, False):
+    consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=OPTIONS_SETTINGS.block_v(2), WEIGHT=None,
+                  WEIGHT_STATS=None, HAS_WEIGHT=False, HAS_SMOOTHING=False, HAS_SOFTCAP=True, HAS_ZLOSS=False,
+                  FAST_TANH=True, FIXED_MAX=fixed)
+    compiled = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}},
+                                        constexprs=consts),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": OPTIONS_SETTINGS.num_warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        subprocess.run([bin_dir / "ptxas", "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
+                       check=True)
+        sass = subprocess.run([bin_dir / "cuobjdump", "-sass", str(ptx.with_suffix(".cubin"))],
+                              capture_output=True, text=True, check=True).stdout
+    out[str(fixed)] = len(re.findall(r"BAR\.SYNC", sass))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(
+    not (BIN / "ptxas").exists() or not (BIN / "cuobjdump").exists(),
+    reason="needs Triton's ptxas and cuobjdump",
+)
+def test_the_fixed_max_takes_the_block_reductions_out_of_the_softcapped_sweep():
+    barriers = json.loads(run_without_interpreter(_BARRIERS, str(BIN)).stdout.strip().splitlines()[-1])
+    # The running max reduces each block (max, then sum: barriers in the loop); the fixed max sums per
+    # lane and reduces once a row.
+    assert barriers["True"] < barriers["False"], barriers
