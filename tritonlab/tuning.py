@@ -120,6 +120,23 @@ def ptxas_report(ptx: str, gpu_name: str) -> dict:
     return parse_ptxas_log(out.stderr + out.stdout)
 
 
+def sass(ptx: str, gpu_name: str) -> str:
+    """The SASS of ``ptx`` built for ``gpu_name`` by the ptxas Triton uses, as its cuobjdump prints it
+    (instruction counts: special-function ops, barriers)."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        src.write_text(ptx)
+        subprocess.run(
+            [knobs.nvidia.ptxas.path, f"--gpu-name={gpu_name}", str(src), "-o", str(cubin)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return subprocess.run(
+            [knobs.nvidia.cuobjdump.path, "-sass", str(cubin)], capture_output=True, text=True, check=True
+        ).stdout
+
+
 def parse_ptxas_log(log: str) -> dict:
     """``ptxas_report``'s figures from the text of ``ptxas -v``: one report per function."""
     regs = [int(n) for n in _REGISTERS.findall(log)]

@@ -12,14 +12,13 @@ from tritonlab.testing import run_without_interpreter
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 _BUILD = r"""
-import collections, json, re, subprocess, sys, tempfile
-from pathlib import Path
+import collections, json, re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tritonlab.ops.cross_entropy import _cross_entropy_fwd_kernel
+from tritonlab.tuning import sass
 
-bin_dir = Path(sys.argv[1])
 BLOCK_V, WARPS = 32768, 32  # the H100's bf16 launch (CrossEntropySettings)
 signature = {"LOGITS": "*bf16", "TARGET": "*i64", "LOSS": "*fp32", "GRAD": "*bf16", "N_VALID": "*i32",
              "n_rows": "i32", "n_cols": "i32", "stride_logits": "i64", "stride_grad": "i64",
@@ -35,14 +34,7 @@ for name, fast in (("plain", None), ("softcap", False), ("softcap-fast", True)):
         consts.update({"WEIGHT": None, "WEIGHT_STATS": None, "HAS_SOFTCAP": True, "FAST_TANH": fast})
     out = triton.compile(ASTSource(_cross_entropy_fwd_kernel, signature=sig, constexprs=consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(out.asm["ptx"])
-        subprocess.run([bin_dir / "ptxas", "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
-                       check=True)
-        sass = subprocess.run([bin_dir / "cuobjdump", "-sass", str(ptx.with_suffix(".cubin"))],
-                              capture_output=True, text=True, check=True).stdout
-    mufu = collections.Counter(re.findall(r"MUFU\.(\w+)", sass))
+    mufu = collections.Counter(re.findall(r"MUFU\.(\w+)", sass(out.asm["ptx"], "sm_90a")))
     # Each thread holds BLOCK_V / (32 * WARPS) logits of a block, in each of the two sweeps.
     results[name] = {"per_logit": sum(mufu.values()) / (BLOCK_V / (32 * WARPS)), "ops": dict(mufu)}
 print(json.dumps(results))
@@ -54,7 +46,7 @@ print(json.dumps(results))
     reason="needs Triton's ptxas and cuobjdump",
 )
 def test_the_hardware_tanh_cuts_the_softcaps_special_function_ops():
-    out = run_without_interpreter(_BUILD, str(BIN))
+    out = run_without_interpreter(_BUILD)
     results = json.loads(out.stdout.strip().splitlines()[-1])
     plain, exact, fast = (results[k] for k in ("plain", "softcap", "softcap-fast"))
     # Two sweeps: one exp a logit in each, plus a few per row and launch.
@@ -110,14 +102,13 @@ def test_the_softcap_takes_the_options_settings():
 
 
 _BARRIERS = r"""
-import json, re, subprocess, sys, tempfile
-from pathlib import Path
+import json, re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tritonlab.ops.cross_entropy import OPTIONS_SETTINGS, _cross_entropy_fwd_kernel as kernel
+from tritonlab.tuning import sass
 
-bin_dir = Path(sys.argv[1])
 sig = {n: "i32" for n in kernel.arg_names}
 sig.update(LOGITS="*bf16", TARGET="*i64", LOSS="*fp32", GRAD="*bf16", N_VALID="*i32", smoothing="fp32",
            softcap="fp32", lse_square_scale="fp32", stride_logits="i64", stride_grad="i64")
@@ -129,14 +120,7 @@ for fixed in (True, False):
     compiled = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}},
                                         constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": OPTIONS_SETTINGS.num_warps})
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(compiled.asm["ptx"])
-        subprocess.run([bin_dir / "ptxas", "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
-                       check=True)
-        sass = subprocess.run([bin_dir / "cuobjdump", "-sass", str(ptx.with_suffix(".cubin"))],
-                              capture_output=True, text=True, check=True).stdout
-    out[str(fixed)] = len(re.findall(r"BAR\.SYNC", sass))
+    out[str(fixed)] = len(re.findall(r"BAR\.SYNC", sass(compiled.asm["ptx"], "sm_90a")))
 print(json.dumps(out))
 """
 
@@ -146,7 +130,7 @@ print(json.dumps(out))
     reason="needs Triton's ptxas and cuobjdump",
 )
 def test_the_fixed_max_takes_the_block_reductions_out_of_the_softcapped_sweep():
-    barriers = json.loads(run_without_interpreter(_BARRIERS, str(BIN)).stdout.strip().splitlines()[-1])
+    barriers = json.loads(run_without_interpreter(_BARRIERS).stdout.strip().splitlines()[-1])
     # The running max reduces each block (max, then sum: barriers in the loop); the fixed max sums per
     # lane and reduces once a row.
     assert barriers["True"] < barriers["False"], barriers
