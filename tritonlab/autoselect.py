@@ -379,6 +379,10 @@ class Selection:
     selector: Selector | None = None
     startup_s: float = 0.0
     specs: dict[tuple[str, str, str], CallSpec] = field(default_factory=dict)
+    # Where startup_s went: the forward that records the calls, and choosing each key (trial calls,
+    # Triton's first compile and launch, timing; ~0 for a cached key).
+    forward_s: float = 0.0
+    select_s: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
     def lookup(self, spec: CallSpec) -> Choice:
         key = spec.key()
@@ -397,7 +401,7 @@ class Selection:
         return any(c.choice == "triton" for c in self.choices.values() if op is None or c.op == op)
 
     def rows(self) -> list[dict]:
-        return [c.row() for c in self.choices.values()]
+        return [{**c.row(), "select_s": self.select_s.get(k, math.nan)} for k, c in self.choices.items()]
 
     def table(self) -> str:
         return _table(list(self.choices.values()))
@@ -824,9 +828,11 @@ def select(
         _run_forward(model, example_batch)
     finally:
         unapply(model)
-    selection = Selection(selector=selector)
+    selection = Selection(selector=selector, forward_s=time.perf_counter() - started)
     for key, spec in seen.items():
+        choosing = time.perf_counter()
         selection.choices[key], selection.specs[key] = selector.choose(spec), spec
+        selection.select_s[key] = time.perf_counter() - choosing
     selection.startup_s = time.perf_counter() - started
     if log:
         selection.log()
@@ -856,6 +862,7 @@ def verify(selection: Selection, timer: Callable | None = None) -> list[dict]:
         out.append(
             {
                 **choice.row(),
+                "select_s": selection.select_s.get(key, math.nan),
                 "retime_pytorch_ms": pt,
                 "retime_triton_ms": tr,
                 "retime_spread_ms": max(pt_s, tr_s),

@@ -128,7 +128,7 @@ def run_size(plan: Plan, write: Callable[[dict], dict], timer: Callable | None =
                     chosen = select_for(model, plan, data, cache, timer)
                 selection = chosen if selection is None else selection
                 n_triton = sum(c.choice == "triton" for c in chosen.choices.values())
-                write({**base, "variant": variant, "startup_s": chosen.startup_s,
+                write({**base, "variant": variant, "startup_s": chosen.startup_s, "forward_s": chosen.forward_s,
                        "ops_selected": len(chosen.choices), "ops_triton": n_triton,
                        "compile_s": compiles.compile_s, "kernels_compiled": compiles.compiled,
                        "kernels_loaded": compiles.loaded, "launcher_s": compiles.launcher_s,
@@ -142,9 +142,9 @@ def run_size(plan: Plan, write: Callable[[dict], dict], timer: Callable | None =
                 for row in verified:
                     write({**base, "variant": "choice", **_choice_columns(row)})
                 timed_keys = {(r["op"], r["shapes"]) for r in verified}
-                for c in selection.choices.values():
-                    if (c.op, c.shapes) not in timed_keys:
-                        write({**base, "variant": "choice", **_choice_columns(c.row())})
+                for row in selection.rows():
+                    if (row["op"], row["shapes"]) not in timed_keys:
+                        write({**base, "variant": "choice", **_choice_columns(row)})
             except Exception as err:
                 write({**base, "variant": "choice", **failure(err)})
         reference = None

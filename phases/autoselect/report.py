@@ -39,14 +39,16 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
                     "timing) and cached. `compile_s`: of it, Triton compiling kernels its on-disk cache "
                     "did not hold (`kernels_compiled`; `kernels_loaded` came from that cache); `launcher_s`: "
                     "building the C launchers of new kernel signatures (`launchers_built`, rows from "
-                    "2026-11-26 on): a first run's cost on a machine, which a restart does not pay.\n",
-                    markdown_table(sel, [c for c in ["variant", "startup_s", "compile_s", "kernels_compiled",
+                    "2026-11-26 on): a first run's cost on a machine, which a restart does not pay. "
+                    "`forward_s`: the forward that records the model's calls; each op's `select_s` "
+                    "(below) the rest, where the rows have them.\n",
+                    markdown_table(sel, [c for c in ["variant", "startup_s", "forward_s", "compile_s", "kernels_compiled",
                     "kernels_loaded", "launcher_s", "launchers_built", "ops_selected", "ops_triton"]
                     if c in sel])]  # fmt: skip
         ch = rows.loc[(rows["variant"] == "choice") & (rows["status"] == "ok")]
         if not ch.empty:
             cols = ["op", "shapes", "op_dtype", "pytorch_ms", "triton_ms", "speedup", "choice", "reason",
-                    "retime_pytorch_ms", "retime_triton_ms", "wrong_pick"]  # fmt: skip
+                    "select_s", "retime_pytorch_ms", "retime_triton_ms", "wrong_pick"]  # fmt: skip
             out += ["\nThe selection, and both implementations re-timed independently afterwards:\n",
                     markdown_table(ch, [c for c in cols if c in ch])]  # fmt: skip
         runs = rows.loc[rows["variant"].isin(WAYS) & (rows["status"] == "ok")]

@@ -5,6 +5,7 @@ model's outputs and gradients against the original's."""
 import copy
 import json
 import logging
+import time
 from dataclasses import replace
 
 import pytest
@@ -199,6 +200,21 @@ def test_the_logging_table_and_rows(caplog):
     (row,) = sel.rows()
     assert {"op", "shapes", "dtype", "pytorch_ms", "triton_ms", "speedup", "choice", "reason"} <= set(row)
     assert row["speedup"] == 4.0
+
+
+def test_the_startup_is_split_into_the_recording_forward_and_each_choice():
+    def slow_timer(fn, trial):  # each timing call takes 20 ms of the selection's clock
+        time.sleep(0.02)
+        return (1.0, 0.0) if trial.impl == "pytorch" else (0.5, 0.0)
+
+    sel = auto.select(norm_model(), X, timer=slow_timer, cache=False, log=False)
+    (key,) = sel.choices
+    assert sel.forward_s > 0 and sel.select_s[key] >= 0.04  # two timings
+    assert sel.forward_s + sel.select_s[key] <= sel.startup_s
+    (row,) = sel.rows()
+    assert row["select_s"] == sel.select_s[key]
+    (checked,) = auto.verify(sel, slow_timer)
+    assert checked["select_s"] == sel.select_s[key]
 
 
 def test_benchmark_kernels_off_takes_triton_where_it_runs_without_timing():
