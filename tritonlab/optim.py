@@ -172,9 +172,14 @@ class WeightShadows:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, param) -> bool:
+    def _entry(self, param: torch.Tensor) -> list | None:
+        """``[param, shadow, version]`` if ``param`` itself has a shadow (an id can be reused by a
+        tensor made after another is freed), else None."""
         entry = self._entries.get(id(param))
-        return entry is not None and entry[0] is param
+        return entry if entry is not None and entry[0] is param else None
+
+    def __contains__(self, param) -> bool:
+        return self._entry(param) is not None
 
     def params(self) -> list[torch.Tensor]:
         return [entry[0] for entry in self._entries.values()]
@@ -192,8 +197,8 @@ class WeightShadows:
 
     def get(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         """``weight``'s shadow if it has one in ``dtype`` that is current, else None."""
-        entry = self._entries.get(id(weight))
-        if entry is None or entry[0] is not weight or dtype != self.dtype or weight._version != entry[2]:
+        entry = self._entry(weight)
+        if entry is None or dtype != self.dtype or weight._version != entry[2]:
             return None
         return entry[1]
 
@@ -201,8 +206,8 @@ class WeightShadows:
 
     def buffer(self, param: torch.Tensor) -> torch.Tensor | None:
         """The shadow buffer of ``param`` (current or not), or None: what AdamW's kernel writes."""
-        entry = self._entries.get(id(param))
-        return entry[1] if entry is not None and entry[0] is param else None
+        entry = self._entry(param)
+        return entry[1] if entry is not None else None
 
     def mark_written(self, param: torch.Tensor) -> None:
         """The shadow of ``param`` now holds its current value cast (written by a kernel)."""

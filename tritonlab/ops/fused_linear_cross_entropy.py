@@ -71,7 +71,7 @@ DEFAULT_CHUNK_BYTES = 2048 * 4 if INTERPRET else 512 * 2**20
 # On a GPU, chunks are a multiple of this many rows (whole GEMM tiles) when they can be.
 _ROW_MULTIPLE = 1 if INTERPRET else 128
 # The cross-entropy's kernels per call signature, launched directly after its first call
-# (tritonlab._launch); no tensor is among their keyword arguments here (no class weights or z-loss).
+# (tritonlab._launch); no tensor is among their keyword arguments here (no class weights).
 _LAUNCHES = LaunchCache(first_launch)
 
 
@@ -110,6 +110,7 @@ def _chunked_pass(
     )
     stats_seen = _stats_to_host(stats) if check_targets else None
 
+    settings = launch_settings(softcap)
     option_args = {}
     if label_smoothing != 0.0 or softcap is not None:
         option_args = dict(
@@ -118,10 +119,8 @@ def _chunked_pass(
             HAS_SMOOTHING=label_smoothing != 0.0,
             HAS_SOFTCAP=softcap is not None,
             FAST_TANH=fast_tanh(x.dtype),
+            FIXED_MAX=settings.fixed_max and fixed_max(softcap),
         )
-    settings = launch_settings(softcap)
-    if option_args:
-        option_args["FIXED_MAX"] = settings.fixed_max and fixed_max(softcap)
     block_v = settings.block_v(x.element_size())
 
     rows_per_chunk = min(chunk_rows, max(n_rows, 1))
