@@ -48,8 +48,8 @@ def parse_args(argv=None):
     parser.add_argument(
         "--tune",
         action="store_true",
-        help="instead of the benchmark, sweep cross-entropy's and RMSNorm backward's launch settings "
-        "(rows to data/kernel_suite/tune/; tiny sizes on the CPU)",
+        help="instead of the benchmark, sweep cross-entropy's and RMSNorm backward's launch settings, "
+        "those of --kernels (rows to data/kernel_suite/tune/; tiny sizes on the CPU)",
     )
     args = parse_phase_args(parser, argv)
     args.variants = args.variants or (list(VARIANTS) if ON_GPU else ["ours", "eager"])
@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     bench_kw = {"warmup_ms": 50.0, "rep_ms": 200.0} if short else {}
     if args.tune:  # the sweep's rows go to tune/, and no report reads them
         with phase_run(PHASE, subdir="tune") as writer:
-            run_cells(writer, tune_cells(args.dtype, bench_kw))
+            run_cells(writer, tune_cells(args.dtype, bench_kw, args.kernels))
         return
     with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
         total = count_cells(args.kernels, args.variants, args.passes, args.shape)

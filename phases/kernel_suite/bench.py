@@ -585,9 +585,9 @@ TUNE_SIZES = {"cross_entropy": (16384, 128256), "rms_norm": (65536, 8192)}
 TUNE_SIZES_CPU = {"cross_entropy": (5, 700), "rms_norm": (33, 200)}
 
 
-def tune_cells(dtype_name: str, bench_kw: dict) -> list[Cell]:
+def tune_cells(dtype_name: str, bench_kw: dict, kernels=KERNELS) -> list[Cell]:
     """Cross-entropy forward+backward and RMSNorm backward at their tuning sizes, once per setting,
-    each checked against the fp32 eager result before it is timed."""
+    each checked against the fp32 eager result before it is timed; only the sweeps of ``kernels``."""
     dtype = DTYPES[dtype_name]
     sizes = TUNE_SIZES if ON_GPU else TUNE_SIZES_CPU
     out = []
@@ -600,6 +600,8 @@ def tune_cells(dtype_name: str, bench_kw: dict) -> list[Cell]:
         "cross_entropy_softcap",
         "cross_entropy_zloss",
     ):
+        if kernel not in kernels:
+            continue
         for block_bytes, warps, per_sm in CE_SETTINGS:
             for fixed in (True, False) if kernel in CE_SOFTCAP_KERNELS else (True,):
                 block = block_bytes if ON_GPU else block_bytes // 64
@@ -610,7 +612,7 @@ def tune_cells(dtype_name: str, bench_kw: dict) -> list[Cell]:
                     name += f",fixed_max={fixed}"
                 out.append(_tune_cell(kernel, rows, vocab, "fwd+bwd", dtype_name, name, run))
     rows, width = sizes["rms_norm"]
-    for warps_per_sm, stages in RMS_SETTINGS:
+    for warps_per_sm, stages in RMS_SETTINGS if "rms_norm" in kernels else ():
         setting = RMSNormSettings(bwd_warps_per_sm=warps_per_sm, bwd_stages=stages)
         run = functools.partial(_tune_rms_norm, rows, width, dtype, setting, bench_kw)
         name = f"warps_per_sm={warps_per_sm},stages={stages}"

@@ -267,7 +267,8 @@ def _row_stats(
     row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, FIXED_MAX
 ):
     """Sweep 1 with options: (logsumexp(z), sum over classes of w_c * z_c) for z the (softcapped)
-    logits; the sum only with label smoothing (w_c = 1 without a weight). Prefetches like
+    logits; the sum only when ``HAS_SMOOTHING`` (w_c = 1 without a weight) -- ``_options_row`` sets it
+    only without a sweep 2, which otherwise takes the sum per lane. Prefetches like
     ``_row_logsumexp``, whose running max it keeps -- except with ``FIXED_MAX`` (the softcap):
     z = softcap * tanh(x / softcap) never exceeds the softcap, so that is the max: no running max, no
     rescaling, and both sums accumulate per lane, reduced once a row instead of once a block (no
@@ -341,6 +342,8 @@ def _options_row(
     both times the mean's 1 / (sum of w_t over counted rows); the z-loss adds scale * lse**2 to the
     row's loss and 2 * scale * lse * p_c to its gradient, averaged over the counted rows by the mean.
     The softcap's derivative, 1 - tanh**2, multiplies the gradient of z."""
+    # With a gradient, sweep 2 sums the logits for the smoothing per lane, reduced once a row: sweep 1
+    # keeps one reduction a block (its exponentials') and the registers of a sum fewer.
     lse, weighted_z = _row_stats(
         row_logits,
         WEIGHT,
@@ -348,7 +351,7 @@ def _options_row(
         softcap,
         BLOCK_V,
         HAS_WEIGHT,
-        HAS_SMOOTHING,
+        HAS_SMOOTHING and not COMPUTE_GRAD,
         HAS_SOFTCAP,
         FAST_TANH,
         FIXED_MAX,
@@ -366,20 +369,10 @@ def _options_row(
     if HAS_SMOOTHING:
         w_total = tl.load(WEIGHT_STATS).to(tl.float32) if HAS_WEIGHT else n_cols_f
         hit = (1.0 - smoothing) * w_target
-        loss = hit * (lse - z_target) + smoothing / n_cols_f * (w_total * lse - weighted_z)
         p_factor = hit + smoothing / n_cols_f * w_total
     else:
         hit = w_target
-        loss = hit * (lse - z_target)
         p_factor = hit
-    if HAS_ZLOSS:
-        z_loss = lse_square_scale * lse * lse
-        if HAS_WEIGHT and MEAN:
-            # The host divides the rows' sum by the counted weights; the z-loss's mean is over the
-            # counted rows (Liger-Kernel's convention), so its share is rescaled by their ratio.
-            z_loss *= inv_n * tl.load(WEIGHT_STATS + 1)
-        loss += z_loss
-    tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
     if COMPUTE_GRAD:
         # Ignored rows get exactly 0 (the mean's scale is inf when every row is ignored), bad rows NaN.
         ce_scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), ce_scale))
@@ -392,25 +385,48 @@ def _options_row(
         row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
         cap_log2 = softcap * LOG2E
         lse_log2 = lse * LOG2E
+        if HAS_SMOOTHING:
+            lane_z = tl.zeros([BLOCK_V], dtype=tl.float32)  # sum of w_c * z_c (/ softcap), per lane
         for start in range(0, n_cols, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             mask = cols < n_cols
+            # (masked lanes read 0: their logit, tanh and weight add nothing to the sum)
             logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
             if HAS_SOFTCAP:
                 # exp(z - lse) as 2**(t * softcap * log2(e) - lse * log2(e)): one FMA before the exp2
                 t = _tanh(logit.to(tl.float32) * (1.0 / softcap), FAST_TANH)
                 g = _exp2(t * cap_log2 - lse_log2) * p_scale
             else:
-                g = tl.exp(logit.to(tl.float32) - lse) * p_scale
+                t = logit.to(tl.float32)
+                g = tl.exp(t - lse) * p_scale
             g = tl.where(cols == target, g - hit_scale, g)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
-                    g -= spread * tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
+                    w = tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
+                    g -= spread * w
+                    lane_z += t * w
                 else:
                     g -= spread
+                    lane_z += t
             if HAS_SOFTCAP:
                 g *= 1.0 - t * t
             tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+        if HAS_SMOOTHING:
+            weighted_z = tl.sum(lane_z, axis=0)
+            if HAS_SOFTCAP:
+                weighted_z *= softcap
+    if HAS_SMOOTHING:
+        loss = hit * (lse - z_target) + smoothing / n_cols_f * (w_total * lse - weighted_z)
+    else:
+        loss = hit * (lse - z_target)
+    if HAS_ZLOSS:
+        z_loss = lse_square_scale * lse * lse
+        if HAS_WEIGHT and MEAN:
+            # The host divides the rows' sum by the counted weights; the z-loss's mean is over the
+            # counted rows (Liger-Kernel's convention), so its share is rescaled by their ratio.
+            z_loss *= inv_n * tl.load(WEIGHT_STATS + 1)
+        loss += z_loss
+    tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
 
 
 @triton.jit
