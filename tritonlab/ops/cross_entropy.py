@@ -57,12 +57,19 @@ class CrossEntropySettings:
     programs_per_sm: float = 1.0
     # With a softcap up to SOFTCAP_FIXED_MAX: take it as the row's max (``_row_stats``).
     fixed_max: bool = True
+    # Logits per sweep-2 iteration with label smoothing (None: ``block_bytes``), whose sweep 2 keeps a
+    # per-lane sum of the logits: half the block leaves it the registers sweep 1 needs.
+    smoothing_grad_block_bytes: int | None = None
 
     def block_v(self, element_size: int) -> int:
         return triton.next_power_of_2(max(16, self.block_bytes // element_size))
 
+    def smoothing_grad_block_v(self, element_size: int) -> int:
+        block_bytes = self.smoothing_grad_block_bytes or self.block_bytes
+        return triton.next_power_of_2(max(16, block_bytes // element_size))
 
-DEFAULT_SETTINGS = CrossEntropySettings()
+
+DEFAULT_SETTINGS = CrossEntropySettings(smoothing_grad_block_bytes=1024 if INTERPRET else 32768)
 # With the softcap (a tanh a logit in each sweep) the kernel is bound by its instructions; at 32 warps
 # a thread has 64 registers, and with the fixed max's per-lane sums 64 KB blocks spill (sm_90 ptxas)
 # and run at 5.5 ms. 32 KB blocks at 32 warps, at 16384 x 128256 bf16 on the H100 (``kernel_suite
@@ -71,7 +78,10 @@ DEFAULT_SETTINGS = CrossEntropySettings()
 # fastest). Without the softcap each option runs fastest on the plain loss's settings (smoothing 3.38
 # ms against 3.42 at 32 KB).
 OPTIONS_SETTINGS = CrossEntropySettings(
-    block_bytes=4096 if INTERPRET else 32768, num_warps=32, programs_per_sm=1.0
+    block_bytes=4096 if INTERPRET else 32768,
+    num_warps=32,
+    programs_per_sm=1.0,
+    smoothing_grad_block_bytes=2048 if INTERPRET else 16384,
 )
 
 
@@ -159,6 +169,7 @@ def _cross_entropy_fwd_kernel(
     HAS_ZLOSS: tl.constexpr = False,
     FAST_TANH: tl.constexpr = False,
     FIXED_MAX: tl.constexpr = False,
+    SMOOTHING_GRAD_BLOCK_V: tl.constexpr = 16,
 ):
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -169,7 +180,7 @@ def _cross_entropy_fwd_kernel(
             _options_row(
                 row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols,
                 stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
-                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, SMOOTHING_GRAD_BLOCK_V,
             )  # fmt: skip
         else:
             _plain_row(
@@ -331,7 +342,7 @@ def _row_stats(
 def _options_row(
     row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols, stride_grad,
     smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
-    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, SMOOTHING_GRAD_BLOCK_V,
 ):  # fmt: skip
     """One row with options, z the (softcapped) logits, w the class weights (1 without), eps the
     smoothing, C = n_cols, W = sum of w:
@@ -385,10 +396,11 @@ def _options_row(
         row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
         cap_log2 = softcap * LOG2E
         lse_log2 = lse * LOG2E
+        BLOCK_V2: tl.constexpr = SMOOTHING_GRAD_BLOCK_V if HAS_SMOOTHING else BLOCK_V
         if HAS_SMOOTHING:
-            lane_z = tl.zeros([BLOCK_V], dtype=tl.float32)  # sum of w_c * z_c (/ softcap), per lane
-        for start in range(0, n_cols, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
+            lane_z = tl.zeros([BLOCK_V2], dtype=tl.float32)  # sum of w_c * z_c (/ softcap), per lane
+        for start in range(0, n_cols, BLOCK_V2):
+            cols = start + tl.arange(0, BLOCK_V2)
             mask = cols < n_cols
             # (masked lanes read 0: their logit, tanh and weight add nothing to the sum)
             logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
@@ -500,6 +512,15 @@ def launch_settings(softcap: float | None) -> CrossEntropySettings:
     return OPTIONS_SETTINGS if softcap is not None else DEFAULT_SETTINGS
 
 
+def option_constexprs(settings: CrossEntropySettings, smoothing: float, softcap: float | None, dtype) -> dict:
+    """The options kernel's launch-dependent constexprs: the tanh, the fixed max, sweep 2's block."""
+    return dict(
+        FAST_TANH=fast_tanh(dtype),
+        FIXED_MAX=settings.fixed_max and fixed_max(softcap),
+        SMOOTHING_GRAD_BLOCK_V=settings.smoothing_grad_block_v(dtype.itemsize) if smoothing != 0.0 else 16,
+    )
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -552,8 +573,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                 HAS_SMOOTHING=options.label_smoothing != 0.0,
                 HAS_SOFTCAP=options.softcap is not None,
                 HAS_ZLOSS=options.lse_square_scale != 0.0,
-                FAST_TANH=fast_tanh(rows.dtype),
-                FIXED_MAX=settings.fixed_max and fixed_max(options.softcap),
+                **option_constexprs(settings, options.label_smoothing, options.softcap, rows.dtype),
             )
         _launch(
             _cross_entropy_fwd_kernel,
