@@ -12,7 +12,6 @@ depth): ``python -m phases kernel_suite --tune`` writes them to ``data/kernel_su
 """
 
 import functools
-import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -579,10 +578,8 @@ CE_SETTINGS = [
     (65536, 32, 1.0), (131072, 32, 1.0), (65536, 16, 2.0), (32768, 16, 2.0), (32768, 32, 1.0),
     (16384, 16, 2.0), (16384, 16, 4.0), (32768, 32, 2.0),
 ]  # fmt: skip
-# The kernels with a softcap also run each setting with the running max instead of the fixed one; those
-# with label smoothing, each with sweep 2's block the same as sweep 1's and half of it.
+# The kernels with a softcap also run each setting with the running max instead of the fixed one.
 CE_SOFTCAP_KERNELS = ("cross_entropy_options", "cross_entropy_softcap")
-CE_SMOOTHING_KERNELS = ("cross_entropy_options", "cross_entropy_smoothing")
 RMS_SETTINGS = [(16, 1), (32, 1), (16, 2), (32, 2), (16, 3), (32, 3)]
 TUNE_SIZES = {"cross_entropy": (16384, 128256), "rms_norm": (65536, 8192)}
 TUNE_SIZES_CPU = {"cross_entropy": (5, 700), "rms_norm": (33, 200)}
@@ -606,18 +603,13 @@ def tune_cells(dtype_name: str, bench_kw: dict, kernels=KERNELS) -> list[Cell]:
         if kernel not in kernels:
             continue
         for block_bytes, warps, per_sm in CE_SETTINGS:
-            block = block_bytes if ON_GPU else block_bytes // 64
-            for fixed, grad_block in itertools.product(
-                (True, False) if kernel in CE_SOFTCAP_KERNELS else (True,),
-                (block, block // 2) if kernel in CE_SMOOTHING_KERNELS else (None,),
-            ):
-                setting = CrossEntropySettings(block, warps, per_sm, fixed, grad_block)
+            for fixed in (True, False) if kernel in CE_SOFTCAP_KERNELS else (True,):
+                block = block_bytes if ON_GPU else block_bytes // 64
+                setting = CrossEntropySettings(block, warps, per_sm, fixed_max=fixed)
                 run = functools.partial(_tune_cross_entropy, kernel, rows, vocab, dtype, setting, bench_kw)
                 name = f"block_bytes={setting.block_bytes},warps={warps},programs_per_sm={per_sm}"
                 if kernel in CE_SOFTCAP_KERNELS:
                     name += f",fixed_max={fixed}"
-                if kernel in CE_SMOOTHING_KERNELS:
-                    name += f",smoothing_grad_block_bytes={grad_block}"
                 out.append(_tune_cell(kernel, rows, vocab, "fwd+bwd", dtype_name, name, run))
     rows, width = sizes["rms_norm"]
     for warps_per_sm, stages in RMS_SETTINGS if "rms_norm" in kernels else ():

@@ -57,19 +57,12 @@ class CrossEntropySettings:
     programs_per_sm: float = 1.0
     # With a softcap up to SOFTCAP_FIXED_MAX: take it as the row's max (``_row_stats``).
     fixed_max: bool = True
-    # Logits per sweep-2 iteration with label smoothing (None: ``block_bytes``), whose sweep 2 keeps a
-    # per-lane sum of the logits: half the block leaves it the registers sweep 1 needs.
-    smoothing_grad_block_bytes: int | None = None
 
     def block_v(self, element_size: int) -> int:
         return triton.next_power_of_2(max(16, self.block_bytes // element_size))
 
-    def smoothing_grad_block_v(self, element_size: int) -> int:
-        block_bytes = self.smoothing_grad_block_bytes or self.block_bytes
-        return triton.next_power_of_2(max(16, block_bytes // element_size))
 
-
-DEFAULT_SETTINGS = CrossEntropySettings(smoothing_grad_block_bytes=1024 if INTERPRET else 32768)
+DEFAULT_SETTINGS = CrossEntropySettings()
 # With the softcap (a tanh a logit in each sweep) the kernel is bound by its instructions; at 32 warps
 # a thread has 64 registers, and with the fixed max's per-lane sums 64 KB blocks spill (sm_90 ptxas)
 # and run at 5.5 ms. 32 KB blocks at 32 warps, at 16384 x 128256 bf16 on the H100 (``kernel_suite
@@ -78,10 +71,7 @@ DEFAULT_SETTINGS = CrossEntropySettings(smoothing_grad_block_bytes=1024 if INTER
 # fastest). Without the softcap each option runs fastest on the plain loss's settings (smoothing 3.38
 # ms against 3.42 at 32 KB).
 OPTIONS_SETTINGS = CrossEntropySettings(
-    block_bytes=4096 if INTERPRET else 32768,
-    num_warps=32,
-    programs_per_sm=1.0,
-    smoothing_grad_block_bytes=2048 if INTERPRET else 16384,
+    block_bytes=4096 if INTERPRET else 32768, num_warps=32, programs_per_sm=1.0
 )
 
 
@@ -169,7 +159,6 @@ def _cross_entropy_fwd_kernel(
     HAS_ZLOSS: tl.constexpr = False,
     FAST_TANH: tl.constexpr = False,
     FIXED_MAX: tl.constexpr = False,
-    SMOOTHING_GRAD_BLOCK_V: tl.constexpr = 16,
 ):
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -180,7 +169,7 @@ def _cross_entropy_fwd_kernel(
             _options_row(
                 row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols,
                 stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
-                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, SMOOTHING_GRAD_BLOCK_V,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
             )  # fmt: skip
         else:
             _plain_row(
@@ -278,8 +267,7 @@ def _row_stats(
     row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, FIXED_MAX
 ):
     """Sweep 1 with options: (logsumexp(z), sum over classes of w_c * z_c) for z the (softcapped)
-    logits; the sum only when ``HAS_SMOOTHING`` (w_c = 1 without a weight) -- ``_options_row`` sets it
-    only without a sweep 2, which otherwise takes the sum per lane. Prefetches like
+    logits; the sum only with label smoothing (w_c = 1 without a weight). Prefetches like
     ``_row_logsumexp``, whose running max it keeps -- except with ``FIXED_MAX`` (the softcap):
     z = softcap * tanh(x / softcap) never exceeds the softcap, so that is the max: no running max, no
     rescaling, and both sums accumulate per lane, reduced once a row instead of once a block (no
@@ -342,7 +330,7 @@ def _row_stats(
 def _options_row(
     row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols, stride_grad,
     smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
-    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, SMOOTHING_GRAD_BLOCK_V,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
 ):  # fmt: skip
     """One row with options, z the (softcapped) logits, w the class weights (1 without), eps the
     smoothing, C = n_cols, W = sum of w:
@@ -353,8 +341,6 @@ def _options_row(
     both times the mean's 1 / (sum of w_t over counted rows); the z-loss adds scale * lse**2 to the
     row's loss and 2 * scale * lse * p_c to its gradient, averaged over the counted rows by the mean.
     The softcap's derivative, 1 - tanh**2, multiplies the gradient of z."""
-    # With a gradient, sweep 2 sums the logits for the smoothing per lane, reduced once a row: sweep 1
-    # keeps one reduction a block (its exponentials') and the registers of a sum fewer.
     lse, weighted_z = _row_stats(
         row_logits,
         WEIGHT,
@@ -362,7 +348,7 @@ def _options_row(
         softcap,
         BLOCK_V,
         HAS_WEIGHT,
-        HAS_SMOOTHING and not COMPUTE_GRAD,
+        HAS_SMOOTHING,
         HAS_SOFTCAP,
         FAST_TANH,
         FIXED_MAX,
@@ -380,10 +366,20 @@ def _options_row(
     if HAS_SMOOTHING:
         w_total = tl.load(WEIGHT_STATS).to(tl.float32) if HAS_WEIGHT else n_cols_f
         hit = (1.0 - smoothing) * w_target
+        loss = hit * (lse - z_target) + smoothing / n_cols_f * (w_total * lse - weighted_z)
         p_factor = hit + smoothing / n_cols_f * w_total
     else:
         hit = w_target
+        loss = hit * (lse - z_target)
         p_factor = hit
+    if HAS_ZLOSS:
+        z_loss = lse_square_scale * lse * lse
+        if HAS_WEIGHT and MEAN:
+            # The host divides the rows' sum by the counted weights; the z-loss's mean is over the
+            # counted rows (Liger-Kernel's convention), so its share is rescaled by their ratio.
+            z_loss *= inv_n * tl.load(WEIGHT_STATS + 1)
+        loss += z_loss
+    tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
     if COMPUTE_GRAD:
         # Ignored rows get exactly 0 (the mean's scale is inf when every row is ignored), bad rows NaN.
         ce_scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), ce_scale))
@@ -396,49 +392,25 @@ def _options_row(
         row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
         cap_log2 = softcap * LOG2E
         lse_log2 = lse * LOG2E
-        BLOCK_V2: tl.constexpr = SMOOTHING_GRAD_BLOCK_V if HAS_SMOOTHING else BLOCK_V
-        if HAS_SMOOTHING:
-            lane_z = tl.zeros([BLOCK_V2], dtype=tl.float32)  # sum of w_c * z_c (/ softcap), per lane
-        for start in range(0, n_cols, BLOCK_V2):
-            cols = start + tl.arange(0, BLOCK_V2)
+        for start in range(0, n_cols, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
             mask = cols < n_cols
-            # (masked lanes read 0: their logit, tanh and weight add nothing to the sum)
             logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
             if HAS_SOFTCAP:
                 # exp(z - lse) as 2**(t * softcap * log2(e) - lse * log2(e)): one FMA before the exp2
                 t = _tanh(logit.to(tl.float32) * (1.0 / softcap), FAST_TANH)
                 g = _exp2(t * cap_log2 - lse_log2) * p_scale
             else:
-                t = logit.to(tl.float32)
-                g = tl.exp(t - lse) * p_scale
+                g = tl.exp(logit.to(tl.float32) - lse) * p_scale
             g = tl.where(cols == target, g - hit_scale, g)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
-                    w = tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
-                    g -= spread * w
-                    lane_z += t * w
+                    g -= spread * tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
                 else:
                     g -= spread
-                    lane_z += t
             if HAS_SOFTCAP:
                 g *= 1.0 - t * t
             tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
-        if HAS_SMOOTHING:
-            weighted_z = tl.sum(lane_z, axis=0)
-            if HAS_SOFTCAP:
-                weighted_z *= softcap
-    if HAS_SMOOTHING:
-        loss = hit * (lse - z_target) + smoothing / n_cols_f * (w_total * lse - weighted_z)
-    else:
-        loss = hit * (lse - z_target)
-    if HAS_ZLOSS:
-        z_loss = lse_square_scale * lse * lse
-        if HAS_WEIGHT and MEAN:
-            # The host divides the rows' sum by the counted weights; the z-loss's mean is over the
-            # counted rows (Liger-Kernel's convention), so its share is rescaled by their ratio.
-            z_loss *= inv_n * tl.load(WEIGHT_STATS + 1)
-        loss += z_loss
-    tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
 
 
 @triton.jit
@@ -512,15 +484,6 @@ def launch_settings(softcap: float | None) -> CrossEntropySettings:
     return OPTIONS_SETTINGS if softcap is not None else DEFAULT_SETTINGS
 
 
-def option_constexprs(settings: CrossEntropySettings, smoothing: float, softcap: float | None, dtype) -> dict:
-    """The options kernel's launch-dependent constexprs: the tanh, the fixed max, sweep 2's block."""
-    return dict(
-        FAST_TANH=fast_tanh(dtype),
-        FIXED_MAX=settings.fixed_max and fixed_max(softcap),
-        SMOOTHING_GRAD_BLOCK_V=settings.smoothing_grad_block_v(dtype.itemsize) if smoothing != 0.0 else 16,
-    )
-
-
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -573,7 +536,8 @@ class CrossEntropyFunction(torch.autograd.Function):
                 HAS_SMOOTHING=options.label_smoothing != 0.0,
                 HAS_SOFTCAP=options.softcap is not None,
                 HAS_ZLOSS=options.lse_square_scale != 0.0,
-                **option_constexprs(settings, options.label_smoothing, options.softcap, rows.dtype),
+                FAST_TANH=fast_tanh(rows.dtype),
+                FIXED_MAX=settings.fixed_max and fixed_max(options.softcap),
             )
         _launch(
             _cross_entropy_fwd_kernel,

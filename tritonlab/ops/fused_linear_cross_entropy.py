@@ -60,8 +60,9 @@ from .cross_entropy import (
     _stats_to_host,
     _target_stats_kernel,
     check_target,
+    fast_tanh,
+    fixed_max,
     launch_settings,
-    option_constexprs,
 )
 
 # Bytes of one chunk's logits: large enough that each chunk's GEMMs run at full speed on an H100
@@ -117,7 +118,8 @@ def _chunked_pass(
             softcap=float(softcap or 1.0),
             HAS_SMOOTHING=label_smoothing != 0.0,
             HAS_SOFTCAP=softcap is not None,
-            **option_constexprs(settings, label_smoothing, softcap, x.dtype),
+            FAST_TANH=fast_tanh(x.dtype),
+            FIXED_MAX=settings.fixed_max and fixed_max(softcap),
         )
     block_v = settings.block_v(x.element_size())
 

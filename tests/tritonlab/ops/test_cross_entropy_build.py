@@ -73,7 +73,7 @@ results = {}
 for name, settings in (("default", DEFAULT_SETTINGS), ("options", OPTIONS_SETTINGS)):
     consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=settings.block_v(2), WEIGHT=None, WEIGHT_STATS=None,
                   HAS_WEIGHT=False, HAS_SMOOTHING=True, HAS_SOFTCAP=True, HAS_ZLOSS=True, FAST_TANH=True,
-                  FIXED_MAX=False, SMOOTHING_GRAD_BLOCK_V=settings.smoothing_grad_block_v(2))
+                  FIXED_MAX=False)
     out = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": settings.num_warps})
     results[name] = ptxas_report(out.asm["ptx"], "sm_90a")["spill_stores"]
