@@ -266,6 +266,9 @@ def graph_replay(call: Callable[[], tuple]) -> Callable[[], tuple]:
             with torch.cuda.stream(side):
                 call(), call()
             torch.cuda.current_stream().wait_stream(side)
+            from tritonlab._runtime import join_preload  # (here: tritonlab reads TRITON_INTERPRET at import)
+
+            join_preload()  # tritonlab.preload's warm-up launches must not fall inside the capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 outputs = call()

@@ -41,13 +41,22 @@ def sm_count(device: torch.device | int | None = None) -> int:
 
 @functools.cache
 def preload() -> threading.Thread | None:
-    """Start, in a background thread, the work Triton does once per process at its first kernel
-    launch, so that it overlaps what a training script does before its first step (building the
-    model, loading data) instead of adding to that step: hashing its own sources and ``libtriton``
-    into the compile-cache key (0.41 s of a 0.97 s first step of the TransformerNP at mid, under
-    cProfile on the H100) and importing the Gluon modules its argument specialisation loads
-    (0.11 s). Once per process; returns the thread (None in the interpreter, which compiles
-    nothing). ``tritonlab.models.build`` calls it for a CUDA model."""
+    """Start, in a background thread, the work done once per process at the first launches, so that
+    it overlaps what a training script does before its first step (building the model, loading data)
+    instead of adding to that step:
+
+    - Triton's: hashing its own sources and ``libtriton`` into the compile-cache key (0.41 s of a 0.97 s
+      first step of the TransformerNP at mid, under cProfile on the H100) and importing the Gluon
+      modules its argument specialisation loads (0.11 s);
+    - PyTorch's, with a CUDA device: a bf16 linear and an RMSNorm, forward and backward, at a tiny
+      shape (``_warm_torch``). In a fresh process on the H100 the first bf16 linear at mid's shape
+      took 109.5 ms, the first RMSNorm 14.4 ms, the first backward 66.4 ms; after the tiny warm-up 3.0,
+      0.3 and 15.5 ms (``reports/data/11_autotune/diagnostics/first_use*``): once per process, not
+      per shape (cuBLAS's set-up, the lazily loaded kernels, the autograd engine's device thread).
+
+    Once per process; returns the thread (None in the interpreter, which compiles nothing).
+    ``tritonlab.models.build`` calls it for a CUDA model; a CUDA graph capture waits for it first
+    (``join_preload``): its launches must not fall inside one."""
     if INTERPRET:
         return None
 
@@ -58,9 +67,31 @@ def preload() -> threading.Thread | None:
 
             triton_key()  # functools-cached by Triton: the first launch then finds it computed
             import triton.experimental.gluon.nvidia.hopper  # noqa: F401
+
+            if torch.cuda.is_available():
+                _warm_torch()
         except Exception as error:  # noqa: BLE001 -- nothing here may reach the training script
             logging.getLogger("tritonlab").debug("preload: %s", error)
 
     thread = threading.Thread(target=work, name="tritonlab-preload", daemon=True)
     thread.start()
     return thread
+
+
+def _warm_torch() -> None:
+    """A bf16 linear and an RMSNorm, forward and backward, on 8 x 64 values of the current CUDA device.
+    No random numbers: the training's generators are left as they are."""
+    x = torch.linspace(-1.0, 1.0, 8 * 64, device="cuda").view(8, 64).requires_grad_()
+    w = torch.eye(64, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = torch.nn.functional.rms_norm(torch.nn.functional.linear(x, w), (64,), w[0], 1e-6)
+    y.float().sum().backward()
+    torch.cuda.synchronize()
+
+
+def join_preload() -> None:
+    """Wait for a preload that has started (none started: return at once)."""
+    if preload.cache_info().currsize:
+        thread = preload()
+        if thread is not None:
+            thread.join()

@@ -55,6 +55,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from ._runtime import join_preload
+
 __all__ = ["GraphCaptureError", "GraphedStep", "check_capturable"]
 
 _HERE = os.path.abspath(__file__)
@@ -192,6 +194,7 @@ class GraphedStep:
         return loss.detach()
 
     def _capture(self) -> Tensor:
+        join_preload()  # its warm-up launches must not fall inside the capture
         torch.cuda.synchronize()
         # The warm-up's activations sit in the caching allocator's ordinary pool; the graph gets a pool
         # of its own, so hand them back first (as torch.cuda.graph does), or a large step holds both.

@@ -1,6 +1,7 @@
 """tritonlab._runtime: where kernels run, and the preload of Triton's once-per-process start-up."""
 
 import pytest
+import torch
 
 import tritonlab
 from tritonlab._runtime import INTERPRET
@@ -51,3 +52,28 @@ print("ok")
 def test_a_preload_that_fails_stays_silent_in_its_thread():
     out = run_without_interpreter(_PRELOAD_FAILURE)
     assert out.stdout.strip() == "ok" and "Traceback" not in out.stderr
+
+
+_JOIN_CHECK = """
+from tritonlab._runtime import join_preload, preload
+join_preload()  # nothing started: returns at once and starts nothing
+assert preload.cache_info().currsize == 0
+thread = preload()
+join_preload()
+assert not thread.is_alive()
+print("ok")
+"""
+
+
+def test_join_preload_waits_for_a_started_preload_and_starts_none():
+    out = run_without_interpreter(_JOIN_CHECK)
+    assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_torch_warm_up_leaves_the_random_generators_alone():
+    from tritonlab._runtime import _warm_torch
+
+    cpu, cuda = torch.get_rng_state(), torch.cuda.get_rng_state()
+    _warm_torch()
+    assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(torch.cuda.get_rng_state(), cuda)

@@ -3,8 +3,8 @@
 0.072 s over 25, the autograd engine 0.109 s). Each case in a fresh process, on the H100, at mid's
 shapes (B = 4, 11 000 tokens, d_model 512): the first and second call of each op with a sync after
 each, a bf16 linear at a second row count first called after the first (is the cost per shape, or
-once?), with the process warmed beforehand by the same ops at a tiny shape (``--warm tiny``), and
-under ``CUDA_MODULE_LOADING=EAGER``. Prints one JSON line per case.
+once?), with the process warmed beforehand by the same ops at a tiny shape (``warm-tiny``) or by
+``tritonlab.preload()`` in its thread (``preload``), and under ``CUDA_MODULE_LOADING=EAGER``. Prints one JSON line per case.
 
     python3 reports/data/11_autotune/diagnostics/first_use.py
 """
@@ -42,6 +42,9 @@ out["init_ms"] = timed(lambda: torch.zeros(1, device="cuda"))
 if sys.argv[1] == "warm-tiny":
     linear, rms = ops(8, 64)
     out["warm_ms"] = timed(lambda: (linear().sum() + rms().sum()).backward())
+elif sys.argv[1] == "preload":  # tritonlab's warm-up, in its own thread (which then ends)
+    import tritonlab
+    out["warm_ms"] = timed(lambda: tritonlab.preload().join())
 linear, rms = ops(44000)
 out["linear_1"] = timed(linear)
 out["linear_2"] = timed(linear)
@@ -54,7 +57,13 @@ out["linear_other_rows_1"] = timed(other)
 print(json.dumps(out))
 """
 
-for case, env in (("plain", {}), ("warm-tiny", {}), ("eager-loading", {"CUDA_MODULE_LOADING": "EAGER"})):
+CASES = (
+    ("plain", {}),
+    ("warm-tiny", {}),
+    ("preload", {}),
+    ("eager-loading", {"CUDA_MODULE_LOADING": "EAGER"}),
+)
+for case, env in CASES:
     run = subprocess.run(
         [sys.executable, "-c", CHILD, case],
         capture_output=True,
