@@ -5,10 +5,16 @@
     python -m phases autoselect --shape large xl --dtype bf16 --steps 50
 
 Per size: ``tritonlab.autoselect.select`` on the model's first batch with an empty cache (cold) and
-again with the cache it wrote (cached); every choice re-timed independently; then the LM trained
-for --steps steps three ways from the same weights on the same batches: all PyTorch (SDPA), all
-Triton (``our_components``), autoselected. Without a GPU only the tiny size runs (Triton's
-interpreter, a 512-token vocabulary, fp32): that checks the code runs and measures nothing.
+again with the cache it wrote (cached); every choice re-timed independently; what selection adds to
+a cold start, in fresh processes (``probe.py``: from the imports to the end of the first training
+step, PyTorch's against autoselect's with an empty selection cache, after one autoselect process
+that fills Triton's compile cache; 3 rounds on a GPU); then the LM trained for --steps steps three
+ways from the same weights on the same batches: all PyTorch (SDPA), all Triton
+(``our_components``), autoselected. The three models are built together and take turns on each
+batch, the way that steps first rotating per batch, so a drift of the host's speed falls on all
+three alike; where they do not fit in memory together, they train one after another (the rows'
+``order``). Without a GPU only the tiny size runs (Triton's interpreter, a 512-token vocabulary,
+fp32): that checks the code runs and measures nothing.
 """
 
 import argparse
@@ -91,9 +97,12 @@ def _print(row: dict) -> dict:
         print(f"  {v}: {row.get('status')}: {row.get('error', '')}")
     elif v.startswith("select"):
         print(f"  {v}: {row['startup_s']:.3f} s, {row['ops_triton']} of {row['ops_selected']} on Triton")
+    elif v == "cold-start":
+        print(f"  cold-start: selection adds {row['select_adds_s']:.2f} s (median of {row['repeats']}: "
+              f"{row['start_autoselect_s']:.2f} s with it against {row['start_pytorch_s']:.2f} s without)")  # fmt: skip
     elif v in ("pytorch", "triton", "autoselect"):
         print(f"  {v:10s} {row['mean_ms']:.3f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, "
-              f"final loss {row['final_loss']:.4f}")  # fmt: skip
+              f"final loss {row['final_loss']:.4f} ({row['order']})")  # fmt: skip
     elif v == "choice" and row.get("wrong_pick"):
         print(f"  wrong pick: {row['op']} {row['shapes']}")
     return row

@@ -1,17 +1,24 @@
-"""The cells of autoselect: per model size, selection cold and cached, the re-timed choices, and the
-LM trained three ways (all PyTorch, all Triton, autoselected) on the same batches from the same
-initial weights.
+"""The cells of autoselect: per model size, selection cold and cached, the re-timed choices, what
+selection adds to a cold start in fresh processes, and the LM trained three ways (all PyTorch, all
+Triton, autoselected) on the same batches from the same initial weights.
 
 Rows (``variant``): ``select-cold`` and ``select-cached`` (start-up seconds, ops chosen),
 ``choice`` (one per op and shape: the selection's times and choice, then both re-timed
-independently: ``wrong_pick``), and ``pytorch``, ``triton``, ``autoselect`` (per-step times, mean
-step time after the warm-up steps, tokens/s, the loss of every step).
+independently: ``wrong_pick``), ``cold-start`` (``probe.py`` in fresh processes: the seconds from
+the imports to the end of the first training step, without and with selection), and ``pytorch``,
+``triton``, ``autoselect`` (per-step times, mean step time after the warm-up steps, tokens/s, the
+loss of every step, ``order``: the three stepped in turn on each batch, or one after another when
+their models do not fit in memory together).
 """
 
+import gc
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -43,6 +50,10 @@ DEFAULT_BATCH_CONTEXT = (4, 512)
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 WAYS = ("pytorch", "triton", "autoselect")
 LR = 1e-3
+# Rounds of (PyTorch, autoselect) fresh processes in the cold-start row: one on the CPU keeps the
+# tests fast; the interpreter measures nothing there anyway.
+PROBE_REPEATS = 3 if ON_GPU else 1
+REPO = Path(__file__).resolve().parents[2]
 
 
 def autocast(dtype: str):
@@ -91,22 +102,117 @@ def batches(plan: Plan) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [random_batch(plan.cfg, plan.batch, plan.context, DEVICE, gen) for _ in range(plan.steps)]
 
 
+def adamw(model: TransformerLM) -> torch.optim.AdamW:
+    return torch.optim.AdamW(model.parameters(), lr=LR)
+
+
+def step(model: TransformerLM, optimizer: torch.optim.Optimizer, batch, dtype: str) -> tuple[float, float]:
+    """One training step timed on its own, between two syncs: forward under autocast, backward,
+    AdamW, zero_grad. Returns its milliseconds and loss."""
+    tokens, targets = batch
+    sync()
+    started = time.perf_counter()
+    with autocast(dtype):
+        loss = model.loss(tokens, targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    sync()
+    ms = (time.perf_counter() - started) * 1e3
+    return ms, float(loss.detach())
+
+
 def train(model: TransformerLM, data, dtype: str) -> tuple[list[float], list[float]]:
     """Forward, backward and AdamW per batch; returns each step's milliseconds and loss."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    times, losses = [], []
-    for tokens, targets in data:
-        sync()
-        started = time.perf_counter()
-        with autocast(dtype):
-            loss = model.loss(tokens, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        times.append((time.perf_counter() - started) * 1e3)
-        losses.append(float(loss.detach()))
-    return times, losses
+    optimizer = adamw(model)
+    steps = [step(model, optimizer, batch, dtype) for batch in data]
+    return [ms for ms, _ in steps], [loss for _, loss in steps]
+
+
+def rotation(i: int, ways: Sequence[str] = WAYS) -> list[str]:
+    """The order the ways step in on batch ``i``: from way ``i % len(ways)`` round, so each goes
+    first, second and last equally often."""
+    k = i % len(ways)
+    return [*ways[k:], *ways[:k]]
+
+
+def model_for(plan: Plan, way: str, selection) -> TransformerLM:
+    """``build(plan, way)``; for the autoselect way, with the selection's dispatchers swapped in."""
+    if way == "autoselect" and selection is None:
+        raise RuntimeError("no selection (see the select rows)")
+    model = build(plan, way)
+    return autoselect.apply(model, selection) if way == "autoselect" else model
+
+
+def train_interleaved(plan: Plan, data, selection) -> dict[str, tuple | dict]:
+    """The ways' models built together, each with its own AdamW, and on every batch each way's step
+    in the order of :func:`rotation`: a drift of the host's speed falls on the three alike. Per way
+    its (times, losses), or its failure's columns where it raised (it leaves the rotation, the
+    others go on). A CUDA out-of-memory error goes up: the models do not fit together."""
+    models, outcome = {}, {}
+    for way in WAYS:
+        try:
+            models[way] = model_for(plan, way, selection)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as err:
+            outcome[way] = failure(err)
+    optimizers = {way: adamw(model) for way, model in models.items()}
+    outcome |= {way: ([], []) for way in models}
+    for i, batch in enumerate(data):
+        for way in rotation(i, list(models)):
+            try:
+                ms, loss = step(models[way], optimizers[way], batch, plan.dtype)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as err:
+                outcome[way] = failure(err)
+                del models[way], optimizers[way]
+                continue
+            outcome[way][0].append(ms)
+            outcome[way][1].append(loss)
+    return outcome
+
+
+def train_sequential(plan: Plan, data, selection) -> dict[str, tuple | dict]:
+    """The ways one after another, each model freed before the next is built; per way as
+    :func:`train_interleaved`."""
+    outcome = {}
+    for way in WAYS:
+        try:
+            outcome[way] = train(model_for(plan, way, selection), data, plan.dtype)
+        except Exception as err:
+            outcome[way] = failure(err)
+        free_memory()
+    return outcome
+
+
+def train_ways(plan: Plan, data, selection) -> list[dict]:
+    """The ways' rows: trained interleaved where their three models fit in memory together, else
+    (an out-of-memory error building or training them) one after another from the start."""
+    try:
+        return way_rows(plan, train_interleaved(plan, data, selection), "interleaved")
+    except torch.cuda.OutOfMemoryError:
+        pass  # they do not fit together; their models are freed with the error's frames
+    gc.collect()
+    free_memory()
+    return way_rows(plan, train_sequential(plan, data, selection), "sequential")
+
+
+def way_rows(plan: Plan, outcome: dict[str, tuple | dict], order: str) -> list[dict]:
+    """One row per way, in ``WAYS`` order, each loss curve against the PyTorch way's."""
+    reference = outcome["pytorch"][1] if isinstance(outcome["pytorch"], tuple) else None
+    rows = []
+    for way in WAYS:
+        got = outcome[way]
+        columns = step_columns(plan, *got, reference) if isinstance(got, tuple) else got
+        rows.append({"variant": way, "order": order, **columns})
+    return rows
+
+
+def free_memory() -> None:
+    if ON_GPU:
+        torch.cuda.empty_cache()
 
 
 def select_for(model: TransformerLM, plan: Plan, data, cache: Path, timer: Callable | None):
@@ -114,55 +220,101 @@ def select_for(model: TransformerLM, plan: Plan, data, cache: Path, timer: Calla
         return autoselect.select(model, data[0], mode="train", timer=timer, cache=cache)
 
 
+def run_probe(plan: Plan, way: str, cache: Path | None = None, timeout: float = 600) -> dict:
+    """One fresh process of ``probe.py`` for ``way`` at the plan's size; its JSON line."""
+    cmd = [sys.executable, "-m", "phases.autoselect.probe", "--size", plan.size, "--way", way,
+           "--dtype", plan.dtype, "--batch", str(plan.batch), "--context", str(plan.context)]  # fmt: skip
+    if cache is not None:
+        cmd += ["--cache", str(cache)]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        raise RuntimeError(f"probe --size {plan.size} --way {way} failed (exit {out.returncode}): {last}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cold_start(plan: Plan, repeats: int) -> dict:
+    """What selection adds to a cold start: fresh processes from their imports to the end of the
+    first training step, PyTorch's against autoselect's (each with an empty selection cache), in
+    ``repeats`` rounds after one autoselect process whose result is dropped -- it fills Triton's
+    on-disk compile cache, as any earlier run on the machine would, so no compile is counted."""
+    with tempfile.TemporaryDirectory(prefix="autoselect-probe-") as tmp:
+        run_probe(plan, "autoselect", Path(tmp) / "warm-up.json")
+        rounds = [
+            (run_probe(plan, "pytorch"), run_probe(plan, "autoselect", Path(tmp) / f"round-{i}.json"))
+            for i in range(repeats)
+        ]
+    pytorch, auto = [p for p, _ in rounds], [a for _, a in rounds]
+
+    def median(runs: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    return {
+        "start_pytorch_s": median(pytorch, "total_s"),
+        "start_autoselect_s": median(auto, "total_s"),
+        "select_adds_s": median(auto, "total_s") - median(pytorch, "total_s"),
+        "select_s_probe": median(auto, "select_s"),
+        "first_step_pytorch_s": median(pytorch, "first_step_s"),
+        "first_step_autoselect_s": median(auto, "first_step_s"),
+        "repeats": repeats,
+        "start_pytorch_all_s": ";".join(f"{r['total_s']:.4f}" for r in pytorch),
+        "start_autoselect_all_s": ";".join(f"{r['total_s']:.4f}" for r in auto),
+    }
+
+
+def cold_start_row(plan: Plan, repeats: int) -> dict:
+    """The cold-start row: :func:`cold_start`'s columns, or the failure that stopped it."""
+    try:
+        return {"variant": "cold-start", **cold_start(plan, repeats)}
+    except Exception as err:
+        return {"variant": "cold-start", **failure(err)}
+
+
 def run_size(plan: Plan, write: Callable[[dict], dict], timer: Callable | None = None) -> None:
     """Every row of one size; a failure of one part is a row and the rest goes on."""
     base = {"shape": plan.size, "dtype": plan.dtype, **plan.columns()}
     data = batches(plan)
-    selection = None
     with tempfile.TemporaryDirectory(prefix="autoselect-cache-") as tmp:
         cache = Path(tmp) / "autoselect.json"  # empty: a cold start, whatever ~/.cache holds
-        model = build(plan, "autoselect")
-        for variant in ("select-cold", "select-cached"):
-            try:
-                with triton_compiles() as compiles:  # on an empty Triton cache, the first compiles
-                    chosen = select_for(model, plan, data, cache, timer)
-                selection = chosen if selection is None else selection
-                n_triton = sum(c.choice == "triton" for c in chosen.choices.values())
-                write({**base, "variant": variant, "startup_s": chosen.startup_s, "forward_s": chosen.forward_s,
-                       "ops_selected": len(chosen.choices), "ops_triton": n_triton,
-                       "compile_s": compiles.compile_s, "kernels_compiled": compiles.compiled,
-                       "kernels_loaded": compiles.loaded, "launcher_s": compiles.launcher_s,
-                       "launchers_built": compiles.launchers_built})  # fmt: skip
-            except Exception as err:
-                write({**base, "variant": variant, **failure(err)})
-        if selection is not None:
-            print(selection.table())
-            try:
-                verified = autoselect.verify(selection, timer)
-                for row in verified:
-                    write({**base, "variant": "choice", **_choice_columns(row)})
-                timed_keys = {(r["op"], r["shapes"]) for r in verified}
-                for row in selection.rows():
-                    if (row["op"], row["shapes"]) not in timed_keys:
-                        write({**base, "variant": "choice", **_choice_columns(row)})
-            except Exception as err:
-                write({**base, "variant": "choice", **failure(err)})
-        reference = None
-        for way in WAYS:
-            try:
-                model = build(plan, way)
-                if way == "autoselect":
-                    if selection is None:
-                        raise RuntimeError("no selection (see the select rows)")
-                    autoselect.apply(model, selection)
-                times, losses = train(model, data, plan.dtype)
-                reference = losses if way == "pytorch" else reference
-                write({**base, "variant": way, **step_columns(plan, times, losses, reference)})
-            except Exception as err:
-                write({**base, "variant": way, **failure(err)})
-            del model
-            if ON_GPU:
-                torch.cuda.empty_cache()
+        selection = select_rows(plan, data, cache, timer, lambda row: write({**base, **row}))
+        write({**base, **cold_start_row(plan, PROBE_REPEATS)})
+        for row in train_ways(plan, data, selection):
+            write({**base, **row})
+
+
+def select_rows(plan: Plan, data, cache: Path, timer: Callable | None, write: Callable[[dict], dict]):
+    """The select-cold, select-cached and choice rows; returns the cold selection (None if it failed)."""
+    selection = None
+    model = build(plan, "autoselect")
+    for variant in ("select-cold", "select-cached"):
+        try:
+            with triton_compiles() as compiles:  # on an empty Triton cache, the first compiles
+                chosen = select_for(model, plan, data, cache, timer)
+            selection = chosen if selection is None else selection
+            n_triton = sum(c.choice == "triton" for c in chosen.choices.values())
+            write({"variant": variant, "startup_s": chosen.startup_s, "forward_s": chosen.forward_s,
+                   "ops_selected": len(chosen.choices), "ops_triton": n_triton,
+                   "compile_s": compiles.compile_s, "kernels_compiled": compiles.compiled,
+                   "kernels_loaded": compiles.loaded, "launcher_s": compiles.launcher_s,
+                   "launchers_built": compiles.launchers_built})  # fmt: skip
+        except Exception as err:
+            write({"variant": variant, **failure(err)})
+    del model
+    free_memory()  # the fresh processes and the training runs later have the device to themselves
+    if selection is None:
+        return None
+    print(selection.table())
+    try:
+        verified = autoselect.verify(selection, timer)
+        for row in verified:
+            write({"variant": "choice", **_choice_columns(row)})
+        timed_keys = {(r["op"], r["shapes"]) for r in verified}
+        for row in selection.rows():
+            if (row["op"], row["shapes"]) not in timed_keys:
+                write({"variant": "choice", **_choice_columns(row)})
+    except Exception as err:
+        write({"variant": "choice", **failure(err)})
+    return selection
 
 
 def _choice_columns(row: dict) -> dict:
