@@ -144,13 +144,13 @@ def model_for(plan: Plan, way: str, selection) -> TransformerLM:
     return autoselect.apply(model, selection) if way == "autoselect" else model
 
 
-def train_interleaved(plan: Plan, data, selection) -> dict[str, tuple | dict]:
+def train_interleaved(plan: Plan, data, selection, ways: Sequence[str] = WAYS) -> dict[str, tuple | dict]:
     """The ways' models built together, each with its own AdamW, and on every batch each way's step
     in the order of :func:`rotation`: a drift of the host's speed falls on the three alike. Per way
     its (times, losses), or its failure's columns where it raised (it leaves the rotation, the
     others go on). A CUDA out-of-memory error goes up: the models do not fit together."""
     models, outcome = {}, {}
-    for way in WAYS:
+    for way in ways:
         try:
             models[way] = model_for(plan, way, selection)
         except torch.cuda.OutOfMemoryError:
@@ -174,11 +174,11 @@ def train_interleaved(plan: Plan, data, selection) -> dict[str, tuple | dict]:
     return outcome
 
 
-def train_sequential(plan: Plan, data, selection) -> dict[str, tuple | dict]:
+def train_sequential(plan: Plan, data, selection, ways: Sequence[str] = WAYS) -> dict[str, tuple | dict]:
     """The ways one after another, each model freed before the next is built; per way as
     :func:`train_interleaved`."""
     outcome = {}
-    for way in WAYS:
+    for way in ways:
         try:
             outcome[way] = train(model_for(plan, way, selection), data, plan.dtype)
         except Exception as err:
@@ -187,30 +187,43 @@ def train_sequential(plan: Plan, data, selection) -> dict[str, tuple | dict]:
     return outcome
 
 
+# Where the three models do not fit together: the two whose ratio is the goal's, interleaved.
+PAIR = ("pytorch", "autoselect")
+
+
 def train_ways(plan: Plan, data, selection) -> list[dict]:
-    """The ways' rows: trained interleaved where their three models fit in memory together, else
-    (an out-of-memory error building or training them) one after another from the start."""
+    """The ways' rows (``order``: how each was trained): the three interleaved where their models fit
+    in memory together; else PyTorch and autoselect interleaved, then all-Triton alone; else (an
+    out-of-memory error building or training them) one after another, each time from the start."""
     try:
-        return way_rows(plan, train_interleaved(plan, data, selection), "interleaved")
+        return way_rows(plan, train_interleaved(plan, data, selection), dict.fromkeys(WAYS, "interleaved"))
     except torch.cuda.OutOfMemoryError:
         pass  # they do not fit together; their models are freed with the error's frames
-    gc.collect()
     free_memory()
-    return way_rows(plan, train_sequential(plan, data, selection), "sequential")
+    try:
+        outcome = train_interleaved(plan, data, selection, PAIR)
+        free_memory()
+        outcome |= train_sequential(plan, data, selection, ("triton",))
+        return way_rows(plan, outcome, {**dict.fromkeys(PAIR, "interleaved pair"), "triton": "alone"})
+    except torch.cuda.OutOfMemoryError:
+        pass
+    free_memory()
+    return way_rows(plan, train_sequential(plan, data, selection), dict.fromkeys(WAYS, "sequential"))
 
 
-def way_rows(plan: Plan, outcome: dict[str, tuple | dict], order: str) -> list[dict]:
+def way_rows(plan: Plan, outcome: dict[str, tuple | dict], order: dict[str, str]) -> list[dict]:
     """One row per way, in ``WAYS`` order, each loss curve against the PyTorch way's."""
     reference = outcome["pytorch"][1] if isinstance(outcome["pytorch"], tuple) else None
     rows = []
     for way in WAYS:
         got = outcome[way]
         columns = step_columns(plan, *got, reference) if isinstance(got, tuple) else got
-        rows.append({"variant": way, "order": order, **columns})
+        rows.append({"variant": way, "order": order[way], **columns})
     return rows
 
 
 def free_memory() -> None:
+    gc.collect()  # models still held by reference cycles (an exception's frames) go first
     if ON_GPU:
         torch.cuda.empty_cache()
 

@@ -72,7 +72,7 @@ def test_interleaved_training_gives_each_way_the_losses_it_has_alone(bench, plan
         times, losses = interleaved[way]
         assert len(times) == plan.steps and all(t > 0 for t in times)
         assert losses == pytest.approx(alone[way][1], rel=1e-6), way
-    rows = bench.way_rows(plan, interleaved, "interleaved")
+    rows = bench.way_rows(plan, interleaved, dict.fromkeys(bench.WAYS, "interleaved"))
     assert [(r["variant"], r["order"]) for r in rows] == [(w, "interleaved") for w in bench.WAYS]
 
 
@@ -84,13 +84,15 @@ def test_a_way_that_raises_leaves_the_rotation_and_the_others_go_on(bench, plan,
     assert taken == [*bench.rotation(0), "triton", "autoselect", "pytorch", "pytorch", "autoselect"]
     assert outcome["triton"]["status"] == "error" and "a kernel broke" in outcome["triton"]["error"]
     assert all(len(outcome[way][1]) == plan.steps for way in ("pytorch", "autoselect"))
-    rows = bench.way_rows(plan, outcome, "interleaved")
+    rows = bench.way_rows(plan, outcome, dict.fromkeys(bench.WAYS, "interleaved"))
     assert [r.get("status", "ok") for r in rows] == ["ok", "error", "ok"]
 
 
 @cpu_only
 @pytest.mark.parametrize("where", ["build", "step"])
-def test_models_that_do_not_fit_together_train_one_after_another(bench, plan, selection, monkeypatch, where):
+def test_three_models_that_do_not_fit_train_as_the_goals_pair_then_triton(
+    bench, plan, selection, monkeypatch, where
+):
     oom = torch.cuda.OutOfMemoryError("CUDA out of memory")
     taken = _spy_on_steps(bench, monkeypatch, fail=("autoselect", 1, oom) if where == "step" else None)
     spied_build, built = bench.build, []
@@ -103,10 +105,34 @@ def test_models_that_do_not_fit_together_train_one_after_another(bench, plan, se
 
     monkeypatch.setattr(bench, "build", build)
     rows = bench.train_ways(plan, bench.batches(plan), selection)
-    assert built == [*bench.WAYS, *bench.WAYS]  # all three built again, one at a time
+    assert built == [*bench.WAYS, *bench.PAIR, "triton"]  # built again from the start
+    orders = {"pytorch": "interleaved pair", "triton": "alone", "autoselect": "interleaved pair"}
+    assert [(r["variant"], r["order"]) for r in rows] == list(orders.items())
+    assert all("error" not in r and len(r["losses"].split(";")) == plan.steps for r in rows)
+    # The pair in turn on each batch, then all-Triton's steps together.
+    expected = [way for i in range(plan.steps) for way in bench.rotation(i, bench.PAIR)] + [
+        "triton"
+    ] * plan.steps
+    assert taken[-len(expected) :] == expected
+
+
+@cpu_only
+def test_models_that_do_not_fit_even_in_pairs_train_one_after_another(bench, plan, selection, monkeypatch):
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory")
+    taken = _spy_on_steps(bench, monkeypatch)
+    spied_build, built = bench.build, []
+
+    def build(plan, way):  # a second model alive at once does not fit
+        built.append(way)
+        if len(built) in (3, 5):
+            raise oom
+        return spied_build(plan, way)
+
+    monkeypatch.setattr(bench, "build", build)
+    rows = bench.train_ways(plan, bench.batches(plan), selection)
+    assert built == [*bench.WAYS, *bench.PAIR, *bench.WAYS]
     assert [(r["variant"], r["order"]) for r in rows] == [(w, "sequential") for w in bench.WAYS]
     assert all("error" not in r and len(r["losses"].split(";")) == plan.steps for r in rows)
-    # One after another: each way's steps together, from the start.
     sequential = [way for way in bench.WAYS for _ in range(plan.steps)]
     assert taken[-len(sequential) :] == sequential
 
