@@ -69,8 +69,9 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
             cols = ["variant", "order", "batch", "context", "mean_ms", "std_ms", "tokens_per_s", "final_loss",
                     "max_loss_rel_dev"]  # fmt: skip
             order = (
-                "; `order` interleaved: the three take turns on each batch, the first way rotating, "
-                "sequential: one after another"
+                "; `order` interleaved: the three take turns on each batch, the first way rotating; "
+                "interleaved pair: PyTorch and autoselect so (the three do not fit in memory together), "
+                "all-Triton alone after them; sequential: one after another"
                 if "order" in runs and runs["order"].notna().any()
                 else ""
             )
