@@ -15,8 +15,9 @@ as the lab's entry points do (``python -m phases`` and the tests' conftest). Imp
 never changes the environment.
 
 ``tritonlab.preload()`` starts, in a background thread, what Triton does once per process before
-its first launch (about half a second on an H100 host); call it early in a training script, before
-building the model. ``tritonlab.models.build`` calls it for a CUDA model.
+its first launch (about half a second on an H100 host) and PyTorch's own first use of cuBLAS, an
+RMSNorm and the autograd engine (a tiny warm-up: 0.1-0.2 s off a first step); call it early in a
+training script, before building the model. ``tritonlab.models.build`` calls it for a CUDA model.
 """
 
 from ._runtime import preload
