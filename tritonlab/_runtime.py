@@ -54,11 +54,14 @@ def preload() -> threading.Thread | None:
       0.3 and 15.5 ms (``reports/data/11_autotune/diagnostics/first_use*``): once per process, not
       per shape (cuBLAS's set-up, the lazily loaded kernels, the autograd engine's device thread).
 
+    PyTorch's warm-up runs only where the calling thread has already initialised CUDA, on its current
+    device: a preload never creates a CUDA context, nor one on another rank's GPU.
     Once per process; returns the thread (None in the interpreter, which compiles nothing).
-    ``tritonlab.models.build`` calls it for a CUDA model; a CUDA graph capture waits for it first
-    (``join_preload``): its launches must not fall inside one."""
+    ``tritonlab.models.build`` calls it for a CUDA model, on the model's device; a CUDA graph capture
+    waits for it first (``join_preload``): its launches must not fall inside one."""
     if INTERPRET:
         return None
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
 
     def work():
         # Only a head start: if a Triton version moves either, the first launch does the work itself.
@@ -68,8 +71,8 @@ def preload() -> threading.Thread | None:
             triton_key()  # functools-cached by Triton: the first launch then finds it computed
             import triton.experimental.gluon.nvidia.hopper  # noqa: F401
 
-            if torch.cuda.is_available():
-                _warm_torch()
+            if device is not None:
+                _warm_torch(device)
         except Exception as error:  # noqa: BLE001 -- nothing here may reach the training script
             logging.getLogger("tritonlab").debug("preload: %s", error)
 
@@ -78,15 +81,16 @@ def preload() -> threading.Thread | None:
     return thread
 
 
-def _warm_torch() -> None:
-    """A bf16 linear and an RMSNorm, forward and backward, on 8 x 64 values of the current CUDA device.
+def _warm_torch(device: int) -> None:
+    """A bf16 linear and an RMSNorm, forward and backward, on 8 x 64 values of CUDA device ``device``.
     No random numbers: the training's generators are left as they are."""
-    x = torch.linspace(-1.0, 1.0, 8 * 64, device="cuda").view(8, 64).requires_grad_()
-    w = torch.eye(64, device="cuda", requires_grad=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = torch.nn.functional.rms_norm(torch.nn.functional.linear(x, w), (64,), w[0], 1e-6)
-    y.float().sum().backward()
-    torch.cuda.synchronize()
+    with torch.cuda.device(device):
+        x = torch.linspace(-1.0, 1.0, 8 * 64, device="cuda").view(8, 64).requires_grad_()
+        w = torch.eye(64, device="cuda", requires_grad=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = torch.nn.functional.rms_norm(torch.nn.functional.linear(x, w), (64,), w[0], 1e-6)
+        y.float().sum().backward()
+        torch.cuda.synchronize()
 
 
 def join_preload() -> None:

@@ -75,5 +75,5 @@ def test_the_torch_warm_up_leaves_the_random_generators_alone():
     from tritonlab._runtime import _warm_torch
 
     cpu, cuda = torch.get_rng_state(), torch.cuda.get_rng_state()
-    _warm_torch()
+    _warm_torch(torch.cuda.current_device())
     assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(torch.cuda.get_rng_state(), cuda)

@@ -27,7 +27,9 @@ def build(
     torch.manual_seed(seed)
     device = torch.device(device or default_device())
     if device.type == "cuda":
-        preload()  # Triton's once-per-process start-up, beside the model's construction
+        with torch.cuda.device(device):
+            torch.cuda.init()  # preload warms PyTorch on an initialised device only: this one
+            preload()  # Triton's and PyTorch's once-per-process start-up, beside the model's construction
     model = TransformerNP(cfg, components, checkpoint).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=device.type == "cuda")
     return model, optimizer
