@@ -38,11 +38,9 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 from torch.nn import functional as F
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tuning, tuning_tables
 from ._gemm import compute_dtype, shared_memory_pruner
-from ._launch import tma_ok
 from ._runtime import INTERPRET
 from .checks import check_offset_range, check_same, check_tensor
 from .tuning import ConfigRecord, dot_precision
@@ -55,8 +53,6 @@ def _fixed_slice_matmul_kernel(
     dy_ptr,
     w_ptr,
     dx_ptr,
-    dy_desc,
-    w_desc,
     T,
     N_ROWS,
     K,
@@ -68,19 +64,13 @@ def _fixed_slice_matmul_kernel(
     stride_dxt,
     stride_dxd,
     DOT_PRECISION: tl.constexpr,
-    CAN_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
 ):
     """dx[rows, cols] = dy[rows] @ w[:, cols] for rows < N_ROWS, 0 for the others; 1-D grid of
-    (row blocks of T) × (column blocks of D), row blocks grouped by GROUP_M for L2 reuse of w.
-    ``USE_TMA``: dy and w tiles through tensor descriptors (Hopper's copy engine); dy's descriptor
-    spans the slice only, so its rows past N_ROWS arrive as zeros without a mask. ``CAN_TMA`` (the
-    descriptors exist) only keys the tuning."""
+    (row blocks of T) × (column blocks of D), row blocks grouped by GROUP_M for L2 reuse of w."""
     pid = tl.program_id(0)
     n_m = tl.cdiv(T, BLOCK_M)
     n_n = tl.cdiv(D, BLOCK_N)
@@ -97,25 +87,19 @@ def _fixed_slice_matmul_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # A row block wholly past the slice runs no K loop: it only stores its zero tile.
     k_end = tl.where(pid_m * BLOCK_M < N_ROWS, K, 0)
-    if USE_TMA:
-        for k0 in tl.range(0, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
-            a = dy_desc.load([pid_m * BLOCK_M, k0])
-            b = w_desc.load([k0, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    else:
-        for k0 in range(0, k_end, BLOCK_K):
-            k = k0 + offs_k
-            a = tl.load(
-                dy_ptr + offs_m[:, None] * stride_dyt + k[None, :] * stride_dyk,
-                mask=in_slice[:, None] & (k < K)[None, :],
-                other=0.0,
-            )
-            b = tl.load(
-                w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wd,
-                mask=(k < K)[:, None] & (offs_n < D)[None, :],
-                other=0.0,
-            )
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    for k0 in range(0, k_end, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(
+            dy_ptr + offs_m[:, None] * stride_dyt + k[None, :] * stride_dyk,
+            mask=in_slice[:, None] & (k < K)[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wd,
+            mask=(k < K)[:, None] & (offs_n < D)[None, :],
+            other=0.0,
+        )
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     tl.store(
         dx_ptr + offs_m[:, None] * stride_dxt + offs_n[None, :] * stride_dxd,
         acc.to(dx_ptr.dtype.element_ty),
@@ -137,33 +121,13 @@ _TILES = [
 _FALLBACK_TILES = [(128, 64, 32, 4, 3), (64, 64, 32, 4, 3)]
 _CPU_TILES = [(32, 32, 32, 1, 1)]
 _GROUP_M = 8
-# The same 16-bit tiles through tensor descriptors, without and with warp specialisation.
-_TMA_MODES = [(True, False), (True, True)]
 
 
-def _set_tma_blocks(nargs: dict) -> None:
-    """A TMA config's tile shapes, given to the descriptors before it launches (tuning included)."""
-    if nargs["USE_TMA"]:
-        nargs["dy_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
-        nargs["w_desc"].block_shape = [nargs["BLOCK_K"], nargs["BLOCK_N"]]
-
-
-def _configs(tiles, modes=((False, False),)) -> list[triton.Config]:
+def _configs(tiles) -> list[triton.Config]:
     return [
         triton.Config(
-            {
-                "BLOCK_M": m,
-                "BLOCK_N": n,
-                "BLOCK_K": k,
-                "GROUP_M": _GROUP_M,
-                "USE_TMA": tma,
-                "WARP_SPECIALIZE": ws,
-            },
-            num_warps=w,
-            num_stages=s,
-            pre_hook=_set_tma_blocks,
-        )  # fmt: skip
-        for tma, ws in modes
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M}, num_warps=w, num_stages=s
+        )
         for m, n, k, w, s in tiles
     ]
 
@@ -175,32 +139,17 @@ def _smem(config: triton.Config, element_size: int) -> int:
 
 
 _FALLBACK = [] if INTERPRET else _configs(_FALLBACK_TILES)
-_SMEM_PRUNE = shared_memory_pruner(_smem, "dy_ptr", _FALLBACK)
-
-
-def _prune(configs, named_args, **kwargs):
-    """Shared memory first; the TMA configs only where the descriptors exist (``CAN_TMA``)."""
-    fitting = _SMEM_PRUNE(configs, named_args, **kwargs)
-    if kwargs.get("CAN_TMA", named_args.get("CAN_TMA")):
-        return fitting
-    return [c for c in fitting if not c.kwargs["USE_TMA"]] or fitting
-
-
 # Rows and N bucket to powers of two (the prune reads shared memory only), so a new batch or N in a
 # tuned bucket launches the bucket's pick untimed.
 _fixed_slice_matmul = tuning_tables.autotune(
-    (_configs(_CPU_TILES) if INTERPRET else _configs(_TILES, [(False, False), *_TMA_MODES])) + _FALLBACK,
+    (_configs(_CPU_TILES) if INTERPRET else _configs(_TILES)) + _FALLBACK,
     name="sparse_ffn.fixed_slice_matmul",
     phase="sparse_ffn",
-    key=["T", "N_ROWS", "K", "D", "DOT_PRECISION", "CAN_TMA"],
+    key=["T", "N_ROWS", "K", "D", "DOT_PRECISION"],
     dtype_arg="dy_ptr",
     buckets={"T": tuning_tables.pow2_bucket, "N_ROWS": tuning_tables.pow2_bucket},
-    prune_configs_by={"early_config_prune": _prune},
+    prune_configs_by={"early_config_prune": shared_memory_pruner(_smem, "dy_ptr", _FALLBACK)},
 )(_fixed_slice_matmul_kernel)
-
-
-def _is_hopper(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _check_n_rows(n_rows, rows: int | None = None) -> int:
@@ -240,15 +189,9 @@ def fixed_slice_matmul(dy: Tensor, w: Tensor, n_rows: int, *, record: ConfigReco
     def grid(meta):
         return (triton.cdiv(T, meta["BLOCK_M"]) * triton.cdiv(D, meta["BLOCK_N"]),)
 
-    # Tensor descriptors on a Hopper GPU for 16-bit operands they can address; dy's spans the slice
-    # (at least one row: a descriptor needs one). Block shapes are placeholders: each config's pre_hook
-    # sets its own.
-    can_tma = not INTERPRET and dy.element_size() == 2 and tma_ok(dy, w) and _is_hopper(dy.device)
-    dy_desc = TensorDescriptor.from_tensor(dy[: max(n_rows, 1)], [16, 16]) if can_tma else None
-    w_desc = TensorDescriptor.from_tensor(w, [16, 16]) if can_tma else None
     _fixed_slice_matmul[grid](
-        dy, w, dx, dy_desc, w_desc, T, n_rows, K, D, *dy.stride(), *w.stride(), *dx.stride(),
-        DOT_PRECISION=dot_precision(dy.dtype), CAN_TMA=can_tma,
+        dy, w, dx, T, n_rows, K, D, *dy.stride(), *w.stride(), *dx.stride(),
+        DOT_PRECISION=dot_precision(dy.dtype),
     )  # fmt: skip
     if record is not None:
         record.note("fixed_slice_matmul", _fixed_slice_matmul.best_config)

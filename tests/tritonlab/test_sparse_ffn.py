@@ -253,31 +253,8 @@ def test_kernel_is_keyed_in_the_config_tables_by_power_of_two_rows_and_n():
     kernel = TUNER.kernels["sparse_ffn.fixed_slice_matmul"]
     assert kernel.spec.phase == "sparse_ffn" and kernel.spec.dtype_arg == "dy_ptr"
 
-    def key(T, n_rows, can_tma=False):
-        args = {"T": T, "N_ROWS": n_rows, "K": 768, "D": 3072, "DOT_PRECISION": "tf32", "CAN_TMA": can_tma}
-        return kernel.bucket_key(args)
+    def key(T, n_rows):
+        return kernel.bucket_key({"T": T, "N_ROWS": n_rows, "K": 768, "D": 3072, "DOT_PRECISION": "tf32"})
 
-    assert (
-        key(4000, 3000)
-        == key(4096, 2049)
-        == "T=4096,N_ROWS=4096,K=768,D=3072,DOT_PRECISION=tf32,CAN_TMA=False|"
-    )
+    assert key(4000, 3000) == key(4096, 2049) == "T=4096,N_ROWS=4096,K=768,D=3072,DOT_PRECISION=tf32|"
     assert key(4097, 3000) != key(4096, 3000) != key(4096, 2048)
-    # A pick with tensor descriptors never serves a call that has none.
-    assert key(4096, 2048, can_tma=True) != key(4096, 2048)
-
-
-def test_the_tma_configs_are_pruned_where_no_descriptor_exists():
-    import importlib
-
-    sparse = importlib.import_module("tritonlab.sparse_ffn")
-    dy = torch.zeros(4, 4)
-    configs = sparse._configs([(64, 64, 32, 4, 3)], [(False, False), (True, False), (True, True)])
-    kept = sparse._prune(configs, {"dy_ptr": dy}, CAN_TMA=False)
-    assert [c.kwargs["USE_TMA"] for c in kept] == [False]
-    kept = sparse._prune(configs, {"dy_ptr": dy}, CAN_TMA=True)
-    assert [(c.kwargs["USE_TMA"], c.kwargs["WARP_SPECIALIZE"]) for c in kept] == [
-        (False, False),
-        (True, False),
-        (True, True),
-    ]
