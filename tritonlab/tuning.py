@@ -103,20 +103,25 @@ _REGISTERS = re.compile(r"Used (\d+) registers")
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
+def _ptxas(ptx: str, gpu_name: str, tmp: Path, *flags: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """``ptx`` built into a cubin in ``tmp`` for ``gpu_name`` by the ptxas Triton uses: its run and the cubin."""
+    from triton import knobs
+
+    src, cubin = tmp / "k.ptx", tmp / "k.cubin"
+    src.write_text(ptx)
+    out = subprocess.run(
+        [knobs.nvidia.ptxas.path, *flags, f"--gpu-name={gpu_name}", str(src), "-o", str(cubin)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out, cubin
+
+
 def ptxas_report(ptx: str, gpu_name: str) -> dict:
     """Registers and spill bytes of ``ptx`` built for ``gpu_name`` (``sm_80``, ``sm_90a``) by the ptxas
     Triton uses, with ``-v``: the most registers of any function in it (the kernel, and any function
     left out of line) and the total spill stores and loads."""
-    from triton import knobs
-
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        out = subprocess.run(
-            [knobs.nvidia.ptxas.path, "-lineinfo", "-v", f"--gpu-name={gpu_name}", str(src), "-o",
-             str(Path(tmp) / "k.cubin")],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+        out, _ = _ptxas(ptx, gpu_name, Path(tmp), "-lineinfo", "-v")
     return parse_ptxas_log(out.stderr + out.stdout)
 
 
@@ -126,12 +131,7 @@ def sass(ptx: str, gpu_name: str) -> str:
     from triton import knobs
 
     with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        src.write_text(ptx)
-        subprocess.run(
-            [knobs.nvidia.ptxas.path, f"--gpu-name={gpu_name}", str(src), "-o", str(cubin)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+        _, cubin = _ptxas(ptx, gpu_name, Path(tmp))
         return subprocess.run(
             [knobs.nvidia.cuobjdump.path, "-sass", str(cubin)], capture_output=True, text=True, check=True
         ).stdout

@@ -45,6 +45,9 @@ from .._launch import LaunchCache, first_launch, launch
 from .._runtime import INTERPRET
 from ..checks import as_rows, check_tensor, persistent_programs
 
+# Above this softcap, exp(-2 * softcap) leaves float32's normal range: the fixed-max sweep stops there.
+SOFTCAP_FIXED_MAX = 40.0
+
 
 @dataclass(frozen=True)
 class CrossEntropySettings:
@@ -60,6 +63,10 @@ class CrossEntropySettings:
 
     def block_v(self, element_size: int) -> int:
         return triton.next_power_of_2(max(16, self.block_bytes // element_size))
+
+    def uses_fixed_max(self, softcap: float | None) -> bool:
+        """Whether the softcapped sweep takes the softcap as the row's max (``_row_stats``) here."""
+        return self.fixed_max and softcap is not None and softcap <= SOFTCAP_FIXED_MAX
 
 
 DEFAULT_SETTINGS = CrossEntropySettings()
@@ -83,16 +90,9 @@ def fast_tanh(dtype: torch.dtype) -> bool:
     return not INTERPRET and dtype.itemsize == 2
 
 
-# Above this softcap, exp(-2 * softcap) leaves float32's normal range: the fixed-max sweep stops there.
-SOFTCAP_FIXED_MAX = 40.0
 _FTZ_EXP = tl.constexpr(not INTERPRET)
 LOG2E = tl.constexpr(1.4426950408889634)
 _SCALE_BLOCK = 512 if INTERPRET else 4096
-
-
-def fixed_max(softcap: float | None) -> bool:
-    """Whether the softcapped sweep takes the softcap as the row's max (``_row_stats``)."""
-    return softcap is not None and softcap <= SOFTCAP_FIXED_MAX
 
 
 # The compiled kernels per call signature, launched directly after its first call (tritonlab._launch).
@@ -246,15 +246,13 @@ def _exp2(x):
 
 @triton.jit
 def _softcapped(x, softcap, mask, HAS_SOFTCAP: tl.constexpr, FAST_TANH: tl.constexpr):
-    """(z, tanh(x / softcap)) with z = softcap * tanh(x / softcap) where ``mask``, -inf elsewhere; without
-    a softcap z = x (and the second value is unused)."""
+    """z = softcap * tanh(x / softcap) where ``mask``, -inf elsewhere; without a softcap z = x."""
     if HAS_SOFTCAP:
         t = _tanh(x * (1.0 / softcap), FAST_TANH)  # one reciprocal, not a division per logit
         z = tl.where(mask, softcap * t, float("-inf"))
     else:
-        t = x
         z = x
-    return z, t
+    return z
 
 
 @triton.jit
@@ -298,7 +296,7 @@ def _row_stats(
                     ts *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
                 lane_t += ts
         else:
-            z, _ = _softcapped(x.to(tl.float32), softcap, mask, HAS_SOFTCAP, FAST_TANH)
+            z = _softcapped(x.to(tl.float32), softcap, mask, HAS_SOFTCAP, FAST_TANH)
             new_max = tl.maximum(running_max, tl.max(z, axis=0))
             if HAS_SMOOTHING:
                 # One two-operand reduction for the exponentials' and the logits' sums: one pass through
@@ -356,7 +354,7 @@ def _options_row(
     bad = ~ignored & ((target < 0) | (target >= n_cols))
     read = ~ignored & ~bad
     x_target = tl.load(row_logits + target, mask=read, other=float("nan")).to(tl.float32)
-    z_target, _ = _softcapped(x_target, softcap, read, HAS_SOFTCAP, FAST_TANH)
+    z_target = _softcapped(x_target, softcap, read, HAS_SOFTCAP, FAST_TANH)
     z_target = tl.where(read, z_target, float("nan"))
     w_target = tl.load(WEIGHT + target, mask=read, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
     ce_scale = inv_n
@@ -537,7 +535,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                 HAS_SOFTCAP=options.softcap is not None,
                 HAS_ZLOSS=options.lse_square_scale != 0.0,
                 FAST_TANH=fast_tanh(rows.dtype),
-                FIXED_MAX=settings.fixed_max and fixed_max(options.softcap),
+                FIXED_MAX=settings.uses_fixed_max(options.softcap),
             )
         _launch(
             _cross_entropy_fwd_kernel,

@@ -61,7 +61,6 @@ from .cross_entropy import (
     _target_stats_kernel,
     check_target,
     fast_tanh,
-    fixed_max,
     launch_settings,
 )
 
@@ -119,7 +118,7 @@ def _chunked_pass(
             HAS_SMOOTHING=label_smoothing != 0.0,
             HAS_SOFTCAP=softcap is not None,
             FAST_TANH=fast_tanh(x.dtype),
-            FIXED_MAX=settings.fixed_max and fixed_max(softcap),
+            FIXED_MAX=settings.uses_fixed_max(softcap),
         )
     block_v = settings.block_v(x.element_size())
 
