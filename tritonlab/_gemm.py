@@ -242,10 +242,10 @@ def fitting_configs(configs, element_size: int, estimate, fallback=(), device_in
 
 def shared_memory_pruner(estimate, tensor_arg: str, fallback=()):
     """An autotuner's ``early_config_prune``: ``fitting_configs`` for the element size of the
-    kernel's argument ``tensor_arg`` on the device it lives on."""
+    kernel's argument ``tensor_arg`` (a tensor, or a host tensor descriptor's) on its device."""
 
     def prune(configs, named_args, **kwargs):
-        t = named_args[tensor_arg]
+        t = getattr(named_args[tensor_arg], "base", named_args[tensor_arg])
         index = t.device.index if t.device.type == "cuda" else None
         return fitting_configs(configs, t.element_size(), estimate, fallback, index)
 

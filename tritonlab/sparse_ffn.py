@@ -19,6 +19,11 @@ t = b·S + s, so the first N rows are the first N/S sequences of the batch -- W 
   in one launch instead of two, and the zero tiles cost nothing but their stores. Autotuned over a
   small config space pruned by shared memory (``tritonlab.tuning``); bf16, fp16 and fp32 with fp32
   accumulation (fp32 dots IEEE unless ``torch.set_float32_matmul_precision`` allows TF32).
+  On Hopper, 16-bit operands that a TMA descriptor can address take a second kernel: persistent (one
+  program per SM walks the output tiles; with ``flatten`` the next tile's loads overlap this tile's
+  store), dy, w and dx read and written through host tensor descriptors. dy's descriptor spans the
+  first n_rows rows only, so the straddling block reads zeros past the slice without masks; the
+  tiles past it are stored as zeros in a second loop. Its tuning also covers one program per tile.
 - ``SlicedBackwardLinear``: an ``nn.Linear`` (sharing the original layer's parameters) whose forward
   is exactly ``F.linear`` and whose backward computes dX with ``fixed_slice_matmul``.
   **dW is computed from the full dY**, as usual: the study is about what restricting dX buys, so
@@ -38,10 +43,12 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 from torch.nn import functional as F
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tuning, tuning_tables
 from ._gemm import compute_dtype, shared_memory_pruner
-from ._runtime import INTERPRET
+from ._launch import tma_ok
+from ._runtime import INTERPRET, sm_count
 from .checks import check_offset_range, check_same, check_tensor
 from .tuning import ConfigRecord, dot_precision
 
@@ -107,6 +114,41 @@ def _fixed_slice_matmul_kernel(
     )
 
 
+@triton.jit
+def _tile_coords(tile, n_m, n_n, GROUP_M: tl.constexpr):
+    """(row block, column block) of output tile ``tile``, row blocks grouped by GROUP_M."""
+    per_group = GROUP_M * n_n
+    first_m = (tile // per_group) * GROUP_M
+    group_size = tl.minimum(n_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_size, (tile % per_group) // group_size
+
+
+@triton.jit
+def _fixed_slice_matmul_tma_kernel(
+    dy_desc, w_desc, dx_desc, T, N_ROWS, K, D,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr,
+):  # fmt: skip
+    """The same product through tensor descriptors (dy_desc spans rows [0, N_ROWS) only). Each
+    program walks the slice's output tiles with a stride of the grid, then stores its share of the
+    zero tiles past the slice; PERSISTENT only tells the launcher to size the grid by the SMs."""
+    start = tl.program_id(0)
+    programs = tl.num_programs(0)
+    n_m = tl.cdiv(N_ROWS, BLOCK_M)
+    n_n = tl.cdiv(D, BLOCK_N)
+    for tile in tl.range(start, n_m * n_n, programs, flatten=FLATTEN):
+        pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            a = dy_desc.load([pid_m * BLOCK_M, k0])
+            b = w_desc.load([k0, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
+    for tile in range(start, (tl.cdiv(T, BLOCK_M) - n_m) * n_n, programs):
+        dx_desc.store([(n_m + tile // n_n) * BLOCK_M, (tile % n_n) * BLOCK_N], zeros)
+
+
 # --- config space ---------------------------------------------------------------------------------
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the usual Hopper GEMM tiles for 16-bit inputs, and two
 # smaller ones that 4-byte elements fit in shared memory with. The interpreter gets one small config
@@ -138,6 +180,38 @@ def _smem(config: triton.Config, element_size: int) -> int:
     return tuning.pipelined_tile_bytes(tile, element_size, config.num_stages)
 
 
+# The TMA kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, persistent, flatten): the tiles that led
+# a sweep of 21 on the H100 at BERT-base's shapes (reports/data/sparse_ffn/diagnostics/).
+_TMA_TILES = [
+    (128, 256, 64, 8, 3, True, True),
+    (128, 256, 64, 8, 3, True, False),
+    (128, 256, 32, 8, 6, True, True),
+    (128, 128, 64, 8, 5, True, True),
+    (128, 128, 64, 4, 4, True, True),
+    (128, 256, 64, 8, 4, False, False),
+    (128, 128, 64, 8, 3, False, False),
+]
+_CPU_TMA_TILES = [(32, 32, 32, 1, 1, True, True)]  # persistent: each program walks several tiles
+
+
+def _set_tma_blocks(nargs: dict) -> None:
+    """A config's tile shapes, given to the descriptors before it launches (autotuning included)."""
+    m, n, k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["dy_desc"].block_shape = [m, k]
+    nargs["w_desc"].block_shape = [k, n]
+    nargs["dx_desc"].block_shape = [m, n]
+
+
+def _tma_configs(tiles) -> list[triton.Config]:
+    return [
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M, "PERSISTENT": p, "FLATTEN": f},
+            num_warps=w, num_stages=s, pre_hook=_set_tma_blocks,
+        )
+        for m, n, k, w, s, p, f in tiles
+    ]  # fmt: skip
+
+
 _FALLBACK = [] if INTERPRET else _configs(_FALLBACK_TILES)
 # Rows and N bucket to powers of two (the prune reads shared memory only), so a new batch or N in a
 # tuned bucket launches the bucket's pick untimed.
@@ -152,6 +226,32 @@ _fixed_slice_matmul = tuning_tables.autotune(
 )(_fixed_slice_matmul_kernel)
 
 
+_fixed_slice_matmul_tma = tuning_tables.autotune(
+    _tma_configs(_CPU_TMA_TILES if INTERPRET else _TMA_TILES),
+    name="sparse_ffn.fixed_slice_matmul_tma",
+    phase="sparse_ffn",
+    key=["T", "N_ROWS", "K", "D"],
+    dtype_arg="dy_desc",
+    buckets={"T": tuning_tables.pow2_bucket, "N_ROWS": tuning_tables.pow2_bucket},
+    runs_on_sm80=lambda config: False,
+    prune_configs_by={"early_config_prune": shared_memory_pruner(_smem, "dy_desc")},
+)(_fixed_slice_matmul_tma_kernel)
+
+IMPLS = ("auto", "tma", "pointer")
+
+
+def _tma_usable(dy: Tensor, w: Tensor, n_rows: int) -> bool:
+    """Whether the TMA kernel can take this call: 16-bit operands a descriptor addresses, a slice
+    that is not empty (a descriptor has no zero-length dimension) and a D whose rows of dx are
+    16-byte multiples."""
+    return (
+        n_rows > 0
+        and dy.dtype in (torch.bfloat16, torch.float16)
+        and w.shape[1] * dy.element_size() % 16 == 0
+        and tma_ok(dy, w)
+    )
+
+
 def _check_n_rows(n_rows, rows: int | None = None) -> int:
     if isinstance(n_rows, bool) or not isinstance(n_rows, int):
         raise ValueError(f"n_rows: expected an int, got {type(n_rows).__name__}")
@@ -162,14 +262,20 @@ def _check_n_rows(n_rows, rows: int | None = None) -> int:
     return n_rows
 
 
-def fixed_slice_matmul(dy: Tensor, w: Tensor, n_rows: int, *, record: ConfigRecord | None = None) -> Tensor:
+def fixed_slice_matmul(
+    dy: Tensor, w: Tensor, n_rows: int, *, impl: str = "auto", record: ConfigRecord | None = None
+) -> Tensor:
     """dx (T, D) with dx[:n_rows] = dy[:n_rows] @ w and dx[n_rows:] = 0 (exact zeros), in one launch.
 
     dy (T, K) and w (K, D) of one dtype (bf16, fp16 or fp32) on one device, any strides; n_rows in
     [0, T]. For a linear layer's weight W (D_OUT, D_IN), ``fixed_slice_matmul(dy, W, n)`` is the
-    sliced dX. ``record`` receives the tiles the autotuner picked. Numerically wrong as a training
-    gradient for any n_rows < T (see the module docstring).
+    sliced dX. ``impl``: "auto" takes the TMA kernel on a Hopper GPU where it can (see the module
+    docstring), "pointer" never, "tma" wherever the operands allow it (the interpreter included, for
+    tests; a ValueError where they do not). ``record`` receives the tiles the autotuner picked.
+    Numerically wrong as a training gradient for any n_rows < T (see the module docstring).
     """
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     check_tensor("dy", dy, ndim=2)
     check_tensor("w", w, ndim=2)
     check_same("w", w, "dy", dy, shape=False)
@@ -186,8 +292,28 @@ def fixed_slice_matmul(dy: Tensor, w: Tensor, n_rows: int, *, record: ConfigReco
     if T == 0 or D == 0:
         return dx
 
+    use_tma = _tma_usable(dy, w, n_rows)
+    if impl == "tma" and not use_tma:
+        raise ValueError(
+            "impl: 'tma' needs bf16/fp16 operands with unit inner strides, 16-byte aligned rows and "
+            f"n_rows > 0 (got {dy.dtype}, dy strides {dy.stride()}, w strides {w.stride()}, n_rows {n_rows})"
+        )
+    if impl == "auto":
+        use_tma = use_tma and not INTERPRET and torch.cuda.get_device_capability(dy.device)[0] >= 9
+
     def grid(meta):
-        return (triton.cdiv(T, meta["BLOCK_M"]) * triton.cdiv(D, meta["BLOCK_N"]),)
+        tiles = triton.cdiv(T, meta["BLOCK_M"]) * triton.cdiv(D, meta["BLOCK_N"])
+        return (min(tiles, sm_count(dy.device)) if meta.get("PERSISTENT") else tiles,)
+
+    if use_tma:
+        # Block shapes are placeholders: each config's pre_hook sets its own.
+        dy_desc = TensorDescriptor(dy, [n_rows, K], [dy.stride(0), 1], [16, 16])
+        w_desc = TensorDescriptor.from_tensor(w, [16, 16])
+        dx_desc = TensorDescriptor.from_tensor(dx, [16, 16])
+        _fixed_slice_matmul_tma[grid](dy_desc, w_desc, dx_desc, T, n_rows, K, D)
+        if record is not None:
+            record.note("fixed_slice_matmul", _fixed_slice_matmul_tma.best_config)
+        return dx
 
     _fixed_slice_matmul[grid](
         dy, w, dx, T, n_rows, K, D, *dy.stride(), *w.stride(), *dx.stride(),

@@ -48,6 +48,35 @@ def test_kernel_against_float64_with_exact_zeros_past_the_slice(dtype, T, K, D, 
         assert rel_err(dx[:n_rows], ref[:n_rows]) < TOL[dtype]
 
 
+@pytest.mark.parametrize(("T", "K", "D"), [(45, 40, 24), (70, 16, 56), (1, 8, 8)])
+@pytest.mark.parametrize("which", ["one", "all", "all-1", "middle"])
+def test_tma_kernel_against_float64_with_exact_zeros_past_the_slice(T, K, D, which):
+    """The descriptor kernel (persistent in the interpreter: 4 programs walk every output tile):
+    dy's descriptor spans the slice, so the straddling block and the tiles past it store zeros."""
+    n_rows = {"one": 1, "all": T, "all-1": max(T - 1, 1), "middle": T // 2 + 1}[which]
+    dy, w = make((T, K), torch.float16, 0), make((K, D), torch.float16, 1)
+    with poisoned_empty():
+        dx = fixed_slice_matmul(dy, w, n_rows, impl="tma")
+    assert (dx[n_rows:] == 0).all()
+    assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[torch.float16]
+
+
+def test_tma_kernel_refuses_what_a_descriptor_cannot_address():
+    dy, w = make((10, 16), torch.float16, 0), make((16, 8), torch.float16, 1)
+    for call in [
+        lambda: fixed_slice_matmul(dy.float(), w.float(), 3, impl="tma"),  # float32
+        lambda: fixed_slice_matmul(dy, w, 0, impl="tma"),  # an empty slice
+        lambda: fixed_slice_matmul(make((10, 15), torch.float16, 2), w[:15], 3, impl="tma"),  # 30-byte rows
+        lambda: fixed_slice_matmul(dy, w[:, :7], 3, impl="tma"),  # 14-byte rows of dx
+    ]:
+        with pytest.raises(ValueError, match="impl"):
+            call()
+    with pytest.raises(ValueError, match="impl"):
+        fixed_slice_matmul(dy, w, 3, impl="cutlass")
+    # "auto" falls back to the pointer kernel where the descriptor cannot go
+    assert rel_err(fixed_slice_matmul(dy, w[:, :7], 3)[:3], sliced_reference(dy, w[:, :7], 3)[:3]) < 2e-3
+
+
 def test_kernel_takes_strided_views_and_empty_shapes():
     base_dy, base_w = make((40, 60), torch.float32, 2), make((50, 30), torch.float32, 3)
     dy, w = base_dy[:, ::2], base_w.t()[::1, :]  # dy (40, 30) with column stride 2; w (30, 50) transposed
@@ -217,12 +246,13 @@ def test_replace_ffn_refuses_other_models_bad_layers_and_bad_n_rows():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(("K", "D"), [(3072, 768), (768, 3072)])
 @pytest.mark.parametrize("fraction", [0, 1 / 8, 1 / 2, 1])
-def test_gpu_kernel_at_bert_base_shapes(dtype, K, D, fraction):
+@pytest.mark.parametrize("impl", ["auto", "pointer"])
+def test_gpu_kernel_at_bert_base_shapes(dtype, K, D, fraction, impl):
     T = 32 * 128 + 5  # a ragged last row block
     n_rows = int(T * fraction)
     dy, w = make((T, K), dtype, 0), make((K, D), dtype, 1)
     with poisoned_empty():
-        dx = fixed_slice_matmul(dy, w, n_rows)
+        dx = fixed_slice_matmul(dy, w, n_rows, impl=impl)
     assert (dx[n_rows:] == 0).all()
     if n_rows:
         assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[dtype]

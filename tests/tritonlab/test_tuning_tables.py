@@ -226,7 +226,7 @@ def test_every_library_kernel_is_registered():
     expected = {
         "attention.forward", "attention.dkdv", "attention.dq", "attention.fused_backward", "attention.fp8_forward",
         "mlp.staged_forward", "mlp.register_forward", "mlp.gemm_silu", "heads.forward", "heads.hidden_backward",
-        "sparse_ffn.fixed_slice_matmul",
+        "sparse_ffn.fixed_slice_matmul", "sparse_ffn.fixed_slice_matmul_tma",
     }  # fmt: skip
     assert expected <= names
     for kernel in tt.TUNER.kernels.values():
