@@ -126,6 +126,31 @@ def cuda_kernel_events(events) -> list:
     ]
 
 
+def host_and_device_ms(fn: Callable, calls: int = 20) -> tuple[float, float]:
+    """What one call costs the CPU (Python, autograd, launches; the GPU is not waited for) and the GPU
+    (the sum of its kernels' durations, from the profiler). When the first is the larger, the cell is
+    bound by the host, not by the kernels -- at small shapes, a CUDA graph or a compiled region would
+    hide it. NaN where the profiler is not available."""
+    if not ON_GPU:
+        return float("nan"), float("nan")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host_ms = (time.perf_counter() - start) * 1e3 / calls
+    torch.cuda.synchronize()
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        kernels = cuda_kernel_events(prof.key_averages())
+        device_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / calls
+    except Exception:  # the profiler is optional evidence, never a reason to lose the cell
+        device_ms = float("nan")
+    return host_ms, device_ms
+
+
 def summarize(samples_ms: list[float]) -> Timing:
     if len(samples_ms) == 1:  # one sample is its own median and spread
         return Timing(samples_ms[0], samples_ms[0], samples_ms[0], 1)

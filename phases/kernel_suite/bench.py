@@ -12,7 +12,6 @@ depth): ``python -m phases kernel_suite --tune`` writes them to ``data/kernel_su
 """
 
 import functools
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -21,7 +20,7 @@ import torch._functorch.config
 import torch.nn.functional as F
 
 from common import DEVICE, ON_GPU, Cell, bench, check_close, measure_peak_memory, timed
-from common.timing import cuda_kernel_events
+from common.timing import host_and_device_ms
 from tritonlab.ops import (
     FP8_DTYPE,
     FP8_MAX,
@@ -427,31 +426,6 @@ def _timer(case: Case, fn: Callable, args: list, pass_: str) -> Callable:
         return torch.autograd.grad([o for o in outs if o.requires_grad], diff, case.grad_outs)
 
     return fwd_bwd
-
-
-def host_and_device_ms(fn: Callable, calls: int = 20) -> tuple[float, float]:
-    """What one call costs the CPU (Python, autograd, launches; the GPU is not waited for) and the GPU
-    (the sum of its kernels' durations, from the profiler). When the first is the larger, the cell is
-    bound by the host, not by the kernels -- at small shapes, a CUDA graph or a compiled region would
-    hide it. NaN where the profiler is not available."""
-    if not ON_GPU:
-        return float("nan"), float("nan")
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host_ms = (time.perf_counter() - start) * 1e3 / calls
-    torch.cuda.synchronize()
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-        kernels = cuda_kernel_events(prof.key_averages())
-        device_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / calls
-    except Exception:  # the profiler is optional evidence, never a reason to lose the cell
-        device_ms = float("nan")
-    return host_ms, device_ms
 
 
 @functools.cache
