@@ -3,7 +3,8 @@
 - kernel cells (``part`` = "kernel"): the two dX GEMMs of the model's FFN layer at T = batch·seq
   rows, ``intermediate`` (dY (T, FFN) @ W (FFN, H)) and ``output`` (dY (T, H) @ W (H, FFN)), for
   N rows (a fraction of T, or a row count): ``ours`` (``fixed_slice_matmul``: the slice plus the
-  zero rows, one launch), ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written) and
+  zero rows, one launch; its TMA kernel on Hopper), ``ours-pointer`` (the same with ``impl="pointer"``,
+  the kernel every other GPU runs), ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written) and
   ``cublas-full`` (on all of dY: what the unmodified backward does). Checked against the float32
   product of the slice first. ``ms`` is the GPU's time (each call queued behind a GPU sleep, so
   the host's launch cost stays out of it); ``host_ms`` what one call costs the CPU, ``device_ms``
@@ -42,7 +43,7 @@ GPU_SHAPES = ("32x128", "32x512", "8x512")
 CPU_MAX_ROWS = 128  # batch·seq the interpreter finishes in seconds with the tiny model
 FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0)
 PARTS = ("kernel", "model")
-KERNEL_VARIANTS = ("ours", "cublas-slice", "cublas-full")
+KERNEL_VARIANTS = ("ours", "ours-pointer", "cublas-slice", "cublas-full")
 KERNEL_HEAD_START_MS = 1.0  # longer than any variant's host time per call (host_ms)
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 PROFILE_TOP = 15
@@ -189,11 +190,12 @@ def _kernel_run(variant: str, dy, w, n: int):
         record = ConfigRecord()
         fn = {
             "ours": lambda: fixed_slice_matmul(dy, w, n, record=record),
+            "ours-pointer": lambda: fixed_slice_matmul(dy, w, n, impl="pointer", record=record),
             "cublas-slice": lambda: dy[:n] @ w,
             "cublas-full": lambda: dy @ w,
         }[variant]
         out = fn()
-        if variant == "ours":
+        if variant.startswith("ours"):
             assert (out[n:] == 0).all(), "rows past n_rows are not zero"
         if n and variant != "cublas-full":
             ref = dy[:n].float() @ w.float()
@@ -204,7 +206,7 @@ def _kernel_run(variant: str, dy, w, n: int):
         # What the call costs the host is its own column.
         row = timed(fn, flops=flops, head_start_ms=KERNEL_HEAD_START_MS if ON_GPU else 0.0, **bench_kw())
         row["host_ms"], row["device_ms"] = host_and_device_ms(fn)
-        if variant == "ours":
+        if variant.startswith("ours"):
             row["tiles"] = record.picked.get("fixed_slice_matmul", "")
         return row
 

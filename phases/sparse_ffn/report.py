@@ -39,6 +39,8 @@ def _kernel_table(df: pd.DataFrame) -> str:
         wide["slice_ms / ours_ms"] = wide["cublas-slice"] / wide["ours"]
     if {"ours", "cublas-full"} <= set(wide.columns):
         wide["full_ms / ours_ms"] = wide["cublas-full"] / wide["ours"]
+    if {"ours-pointer", "cublas-slice"} <= set(wide.columns):
+        wide["slice_ms / pointer_ms"] = wide["cublas-slice"] / wide["ours-pointer"]
     if "host_ms" in k:  # rows from before the host column have none
         host = k.pivot_table(index=["shape", "dtype", "layer", "k", "d", "fraction", "n_rows"], columns="variant",
                              values="host_ms", aggfunc="median")  # fmt: skip
@@ -131,7 +133,9 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "validation split (`glue/<task> (local)`) or a generated sample with the task's GLUE columns. "
         "Times are medians (ms), ratios against rows of the same run.\n\n"
         "## The kernel alone\n\n`ours` = `fixed_slice_matmul` (slice + zero rows, one launch), "
-        "`cublas-slice` = `dy[:N] @ w`, `cublas-full` = `dy @ w`; dY (rows, k) @ W (k, d). Each time "
+        '`ours-pointer` = the same with `impl="pointer"` (the kernel GPUs without TMA run; `ours` takes the '
+        "TMA kernel on Hopper), `cublas-slice` = `dy[:N] @ w`, `cublas-full` = `dy @ w`; dY (rows, k) @ W (k, d). "
+        "Each time "
         "is the GPU's: every call is queued behind a 1 ms GPU sleep, so the host's launch cost cannot "
         "leak into the interval; `host_ms` is what one call costs the CPU (rows that have it). Where "
         "`host_ms` exceeds the GPU time, a caller that does not run ahead of the GPU waits on the host.\n\n"
