@@ -298,7 +298,9 @@ def fixed_slice_matmul(
             "impl: 'tma' needs bf16/fp16 operands with unit inner strides, 16-byte aligned rows and "
             f"n_rows > 0 (got {dy.dtype}, dy strides {dy.stride()}, w strides {w.stride()}, n_rows {n_rows})"
         )
-    if impl == "auto":
+    if impl == "pointer":
+        use_tma = False
+    elif impl == "auto":
         use_tma = use_tma and not INTERPRET and torch.cuda.get_device_capability(dy.device)[0] >= 9
 
     def grid(meta):

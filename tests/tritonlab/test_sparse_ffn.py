@@ -61,6 +61,22 @@ def test_tma_kernel_against_float64_with_exact_zeros_past_the_slice(T, K, D, whi
     assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[torch.float16]
 
 
+def test_impl_chooses_the_kernel():
+    from tritonlab.tuning import ConfigRecord
+
+    dy, w = make((40, 16), torch.float16, 0), make((16, 24), torch.float16, 1)
+    picked = {}
+    for impl in ("tma", "pointer", "auto"):
+        record = ConfigRecord()
+        dx = fixed_slice_matmul(dy, w, 20, impl=impl, record=record)
+        assert rel_err(dx[:20], sliced_reference(dy, w, 20)[:20]) < TOL[torch.float16]
+        picked[impl] = record.picked["fixed_slice_matmul"]
+    assert "PERSISTENT" in picked["tma"] and "PERSISTENT" not in picked["pointer"]
+    assert ("PERSISTENT" in picked["auto"]) == (
+        DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+    )
+
+
 def test_tma_kernel_refuses_what_a_descriptor_cannot_address():
     dy, w = make((10, 16), torch.float16, 0), make((16, 8), torch.float16, 1)
     for call in [
