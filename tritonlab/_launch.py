@@ -133,6 +133,12 @@ class LaunchCache:
     def clear(self) -> None:
         self._launches.clear()
 
+    def info(self, key):
+        """What the kept launch of ``key`` returns from each launch (``info``), None before its first
+        -- for callers whose arguments depend on the pick (a tensor descriptor's block shape)."""
+        launch = self._launches.get(key)
+        return None if launch is None else launch[3]
+
     def launch(self, key, tensors: tuple, *tune_args):
         launch = self._launches.get(key)
         if launch is None:  # tune has just run the kernel on these tensors

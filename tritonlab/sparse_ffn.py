@@ -47,7 +47,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tuning, tuning_tables
 from ._gemm import compute_dtype, shared_memory_pruner
-from ._launch import tma_ok
+from ._launch import LaunchCache, autotune_for_launch, signature_key, tma_ok
 from ._runtime import INTERPRET, sm_count
 from .checks import check_offset_range, check_same, check_tensor
 from .tuning import ConfigRecord, dot_precision
@@ -238,6 +238,10 @@ _fixed_slice_matmul_tma = tuning_tables.autotune(
 )(_fixed_slice_matmul_tma_kernel)
 
 IMPLS = ("auto", "tma", "pointer")
+# Per call signature (dy's and w's layouts, n_rows, the kernel; the dot precision, which follows
+# torch's float32 setting): the compiled pick, launched directly after the signature's first call.
+# Triton's autotuner and launcher cost about 0.1 ms of host time a call (phase sparse_ffn's host_ms).
+_LAUNCHES = LaunchCache(autotune_for_launch)
 
 
 def _tma_usable(dy: Tensor, w: Tensor, n_rows: int) -> bool:
@@ -308,21 +312,30 @@ def fixed_slice_matmul(
         return (min(tiles, sm_count(dy.device)) if meta.get("PERSISTENT") else tiles,)
 
     if use_tma:
-        # Block shapes are placeholders: each config's pre_hook sets its own.
-        dy_desc = TensorDescriptor(dy, [n_rows, K], [dy.stride(0), 1], [16, 16])
-        w_desc = TensorDescriptor.from_tensor(w, [16, 16])
-        dx_desc = TensorDescriptor.from_tensor(dx, [16, 16])
-        _fixed_slice_matmul_tma[grid](dy_desc, w_desc, dx_desc, T, n_rows, K, D)
-        if record is not None:
-            record.note("fixed_slice_matmul", _fixed_slice_matmul_tma.best_config)
-        return dx
-
-    _fixed_slice_matmul[grid](
-        dy, w, dx, T, n_rows, K, D, *dy.stride(), *w.stride(), *dx.stride(),
-        DOT_PRECISION=dot_precision(dy.dtype),
-    )  # fmt: skip
+        key = (signature_key(dy, w), n_rows, "tma")
+        # The descriptors' block shapes are the pick's; before the first launch of a signature they
+        # are placeholders, which each config's pre_hook sets while the autotuner runs.
+        config = None if INTERPRET else _LAUNCHES.info(key)
+        m, n, k = (config.kwargs[b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K")) if config else (16, 16, 16)
+        tensors = (
+            TensorDescriptor(dy, [n_rows, K], [dy.stride(0), 1], [m, k]),
+            TensorDescriptor.from_tensor(w, [k, n]),
+            TensorDescriptor.from_tensor(dx, [m, n]),
+        )
+        kernel, shape_args, meta = _fixed_slice_matmul_tma, (T, n_rows, K, D), {}
+    else:
+        precision = dot_precision(dy.dtype)
+        key = (signature_key(dy, w), n_rows, precision)
+        tensors = (dy, w, dx)
+        shape_args = (T, n_rows, K, D, *dy.stride(), *w.stride(), *dx.stride())
+        kernel, meta = _fixed_slice_matmul, {"DOT_PRECISION": precision}
+    if INTERPRET:
+        kernel[grid](*tensors, *shape_args, **meta)
+        config = kernel.best_config
+    else:
+        config = _LAUNCHES.launch(key, tensors, kernel, grid, shape_args, meta)
     if record is not None:
-        record.note("fixed_slice_matmul", _fixed_slice_matmul.best_config)
+        record.note("fixed_slice_matmul", config)
     return dx
 
 

@@ -121,6 +121,8 @@ def test_launch_cache_tunes_once_per_key_and_launches_directly_after(monkeypatch
     assert cache.launch("b", ("z",), 3) == "config-3"
     assert len(tuned) == 2
     assert launched == [("binary", (7, 1, 1), ("y", 1, "CONST"))]
+    assert cache.info("a") == "config-1" and cache.info("c") is None  # the pick, without launching
+    assert len(launched) == 1 and len(tuned) == 2
 
 
 def test_tma_ok_needs_unit_last_stride_and_16_byte_alignment():
