@@ -203,8 +203,39 @@ def _loss_figure(df: pd.DataFrame, figs: Figures) -> str:
 
 
 # Opens as 09's and 10's renders do (a three-line guard, then the heading); the rest is this phase's own.
+def _checkpoint_table(df: pd.DataFrame) -> str:
+    """Per shape, the newest run that measured a checkpoint mode: each variant's step and peak memory
+    with every mode against the same variant without checkpointing, side by side in that run."""
+    if "checkpoint" not in df or "base_variant" not in df:
+        return ""
+    ok = df.loc[(df["status"] == "ok") & (df["graphs"].astype(str) == "False")]
+    ok = ok.assign(step_ms=pd.to_numeric(ok["step_ms"], errors="coerce"))
+    with_modes = ok.loc[ok["checkpoint"].astype(str) != "none"]
+    if with_modes.empty:
+        return ""
+    newest = with_modes.groupby("shape")["run_id"].max()
+    rows = ok.loc[ok["run_id"] == ok["shape"].map(newest)]
+    none = rows.loc[rows["checkpoint"] == "none"].set_index("base_variant")
+    out = []
+    for _, r in rows.sort_values(["base_variant", "step_ms"]).iterrows():
+        ref = none.loc[r["base_variant"]] if r["base_variant"] in none.index else None
+        out.append({
+            "shape": r["shape"], "batch": r["batch"], "variant": r["base_variant"], "checkpoint": r["checkpoint"],
+            "step_ms": r["step_ms"], "peak_mem_gb": r["peak_mem_gb"],
+            "step_vs_none": float("nan") if ref is None else r["step_ms"] / ref["step_ms"],
+            "memory_vs_none": float("nan") if ref is None else r["peak_mem_gb"] / ref["peak_mem_gb"],
+        })  # fmt: skip
+    return (
+        "\n## With activation checkpointing\n\nThe newest run per shape that measured checkpoint modes "
+        "(`--checkpoint`; phase 09 says what each mode recomputes): step time and peak memory against the "
+        "same variant without checkpointing in that run. Each checkpointed variant matched the reference "
+        "model like the others before it was timed.\n\n" + markdown_table(pd.DataFrame(out))
+    )
+
+
 def render(df: pd.DataFrame, fig: Figures) -> str:
     curves = _newest_per_variant(df) if "base_variant" in df else df
+    checkpointed = _checkpoint_table(df)
     df = _prepare(df)
     if df.empty:
         return "_no rows of this phase_\n"
@@ -218,6 +249,7 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         + "\n## Where the time goes\n\n" + _stages_figure(df, fig)
         + "\n## Loss curves\n\nEach variant's newest curve (same seed and data in every run; its run may "
         "differ from the one timed above).\n\n" + (_loss_figure(curves, fig) or "_no loss curve recorded_\n")
+        + checkpointed
         + "\n## Every step measured\n\n"
         + ok_table(df, TABLE, sort_by=["order", "dtype", "variant"], none="_no step measured_\n")
         + failures_table(df)
