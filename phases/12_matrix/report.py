@@ -215,10 +215,13 @@ def _checkpoint_table(df: pd.DataFrame) -> str:
         return ""
     newest = with_modes.groupby("shape")["run_id"].max()
     rows = ok.loc[ok["run_id"] == ok["shape"].map(newest)]
-    none = rows.loc[rows["checkpoint"] == "none"].set_index("base_variant")
+    rows = rows.assign(order=rows["shape"].map(SHAPE_ORDER).fillna(9))
+    keys = ["shape", "dtype", "batch", "base_variant"]
+    none = rows.loc[rows["checkpoint"] == "none"].drop_duplicates(keys, keep="last").set_index(keys)
     out = []
-    for _, r in rows.sort_values(["base_variant", "step_ms"]).iterrows():
-        ref = none.loc[r["base_variant"]] if r["base_variant"] in none.index else None
+    for _, r in rows.sort_values(["order", "base_variant", "step_ms"]).iterrows():
+        key = tuple(r[k] for k in keys)
+        ref = none.loc[key] if key in none.index else None
         out.append({
             "shape": r["shape"], "batch": r["batch"], "variant": r["base_variant"], "checkpoint": r["checkpoint"],
             "step_ms": r["step_ms"], "peak_mem_gb": r["peak_mem_gb"],

@@ -172,3 +172,17 @@ def test_a_run_of_a_few_variants_does_not_hide_the_complete_run(tmp_path, monkey
         curves.loc["custom-fp8-fused", "run_group"] == "g2" and curves.loc["sdpa-cudnn", "run_group"] == "g2"
     )
     assert curves.loc["compile+sdpa-cudnn", "run_group"] == "g1"
+
+
+def test_checkpointed_rows_are_reported_against_the_same_variant_without(tmp_path):
+    report = phase_module("12", "report")
+    rows = _gpu_rows().assign(run_id="r1")
+    ckpt = rows.loc[rows["variant"] == "sdpa-cudnn"].copy()
+    ckpt = ckpt.assign(variant=ckpt["variant"] + "+ckpt-block", checkpoint="block", run_id="r2",
+                       step_ms=ckpt["step_ms"] * 1.3, peak_mem_gb=1.0)  # fmt: skip
+    plain = rows.loc[rows["variant"] == "sdpa-cudnn"].assign(run_id="r2")
+    text = report.render(pd.concat([rows, plain, ckpt]), Figures("12_matrix", tmp_path, GPU))
+    table = text.split("## With activation checkpointing")[1].split("## Every step")[0]
+    block = [line for line in table.splitlines() if "| block " in line]
+    assert len(block) == 2 and all("| 1.3 " in line and "| 0.3333 " in line for line in block), table
+    assert "## With activation checkpointing" not in report.render(rows, Figures("12_matrix", tmp_path, GPU))
