@@ -124,43 +124,19 @@ def _tile_coords(tile, n_m, n_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _first_iteration(program, first, total, programs):
-    """Where ``program``'s share of the stream-K iterations [first, first + total) begins."""
-    return first + tl.cast(tl.cast(program, tl.int64) * total // programs, tl.int32)
-
-
-@triton.jit
-def _owner(iteration, first, total, programs):
-    """The program whose share of the stream-K iterations holds ``iteration``."""
-    return tl.cast((tl.cast(iteration - first + 1, tl.int64) * programs + total - 1) // total - 1, tl.int32)
-
-
-@triton.jit
 def _fixed_slice_matmul_tma_kernel(
-    dy_desc, w_desc, dx_desc, partials, arrived, T, N_ROWS, K, D,
+    dy_desc, w_desc, dx_desc, T, N_ROWS, K, D,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr, STREAM_K: tl.constexpr,
+    PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr,
 ):  # fmt: skip
     """The same product through tensor descriptors (dy_desc spans rows [0, N_ROWS) only). Each
     program walks the slice's output tiles with a stride of the grid, then stores its share of the
-    zero tiles past the slice; PERSISTENT only tells the launcher to size the grid by the SMs.
-
-    STREAM_K: the tiles of the last, partly filled wave are not given out whole. Their K iterations
-    (tiles x K blocks) are split evenly over all programs, so every SM gets the same work; a tile
-    whose iterations span several programs is summed through ``partials`` (fp32, two tiles per
-    program: its first and its last segment) -- each contributor stores its partial, then adds its
-    iteration count to the tile's counter in ``arrived``; the one that completes the count adds the
-    others' partials to its own, stores the tile, and resets the counter to 0 for the next call."""
+    zero tiles past the slice; PERSISTENT only tells the launcher to size the grid by the SMs."""
     start = tl.program_id(0)
     programs = tl.num_programs(0)
     n_m = tl.cdiv(N_ROWS, BLOCK_M)
     n_n = tl.cdiv(D, BLOCK_N)
-    n_tiles = n_m * n_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    n_whole = n_tiles
-    if STREAM_K:
-        n_whole = n_tiles - n_tiles % programs
-    for tile in tl.range(start, n_whole, programs, flatten=FLATTEN):
+    for tile in tl.range(start, n_m * n_n, programs, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -168,52 +144,6 @@ def _fixed_slice_matmul_tma_kernel(
             b = w_desc.load([k0, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
         dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
-    if STREAM_K:
-        first = n_whole * k_tiles
-        total = (n_tiles - n_whole) * k_tiles
-        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        it = _first_iteration(start, first, total, programs)
-        end = _first_iteration(start + 1, first, total, programs)
-        while it < end:
-            tile = it // k_tiles
-            k_first = it - tile * k_tiles
-            k_last = tl.minimum(k_tiles, k_first + end - it)
-            pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kb in range(k_first, k_last):
-                a = dy_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
-                b = w_desc.load([kb * BLOCK_K, pid_n * BLOCK_N])
-                acc = tl.dot(a, b, acc)
-            if k_last - k_first == k_tiles:
-                dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
-            else:
-                tile_start = tile * k_tiles
-                # A segment that begins the program's share is its slot 0, one that ends it slot 1.
-                own = 2 * start + tl.where(
-                    _first_iteration(start, first, total, programs) >= tile_start, 0, 1
-                )
-                tl.store(partials + own.to(tl.int64) * BLOCK_M * BLOCK_N + offs, acc)
-                tl.debug_barrier()
-                done = (
-                    tl.atomic_add(arrived + tile - n_whole, k_last - k_first, sem="acq_rel")
-                    + k_last
-                    - k_first
-                )
-                if done == k_tiles:
-                    for q in range(
-                        _owner(tile_start, first, total, programs),
-                        _owner(tile_start + k_tiles - 1, first, total, programs) + 1,
-                    ):
-                        if q != start:
-                            slot = 2 * q + tl.where(
-                                _first_iteration(q, first, total, programs) >= tile_start, 0, 1
-                            )
-                            acc += tl.load(
-                                partials + slot.to(tl.int64) * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg"
-                            )
-                    dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
-                    tl.atomic_xchg(arrived + tile - n_whole, 0)
-            it += k_last - k_first
     zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
     for tile in range(start, (tl.cdiv(T, BLOCK_M) - n_m) * n_n, programs):
         dx_desc.store([(n_m + tile // n_n) * BLOCK_M, (tile % n_n) * BLOCK_N], zeros)
@@ -253,19 +183,15 @@ def _smem(config: triton.Config, element_size: int) -> int:
 # The TMA kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, persistent, flatten): the tiles that led
 # a sweep of 21 on the H100 at BERT-base's shapes (reports/data/sparse_ffn/diagnostics/).
 _TMA_TILES = [
-    (128, 256, 64, 8, 3, True, True, False),
-    (128, 256, 64, 8, 3, True, False, False),
-    (128, 256, 32, 8, 6, True, True, False),
-    (128, 128, 64, 8, 5, True, True, False),
-    (128, 128, 64, 4, 4, True, True, False),
-    (128, 256, 64, 8, 4, False, False, False),
-    (128, 128, 64, 8, 3, False, False, False),
-    # stream-K for the last wave: bert-base's 4 096 x 768 dX is 96 tiles of 128 x 256 on 132 SMs
-    (128, 256, 64, 8, 3, True, False, True),
-    (128, 128, 64, 8, 4, True, False, True),
+    (128, 256, 64, 8, 3, True, True),
+    (128, 256, 64, 8, 3, True, False),
+    (128, 256, 32, 8, 6, True, True),
+    (128, 128, 64, 8, 5, True, True),
+    (128, 128, 64, 4, 4, True, True),
+    (128, 256, 64, 8, 4, False, False),
+    (128, 128, 64, 8, 3, False, False),
 ]
-# persistent stream-K: each program walks several whole tiles, then shares the last wave's iterations
-_CPU_TMA_TILES = [(32, 32, 32, 1, 1, True, True, True)]
+_CPU_TMA_TILES = [(32, 32, 32, 1, 1, True, True)]  # persistent: each program walks several tiles
 
 
 def _set_tma_blocks(nargs: dict) -> None:
@@ -279,35 +205,11 @@ def _set_tma_blocks(nargs: dict) -> None:
 def _tma_configs(tiles) -> list[triton.Config]:
     return [
         triton.Config(
-            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M, "PERSISTENT": p, "FLATTEN": f,
-             "STREAM_K": sk},
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M, "PERSISTENT": p, "FLATTEN": f},
             num_warps=w, num_stages=s, pre_hook=_set_tma_blocks,
         )
-        for m, n, k, w, s, p, f, sk in tiles
+        for m, n, k, w, s, p, f in tiles
     ]  # fmt: skip
-
-
-# The stream-K partials: two (BLOCK_M, BLOCK_N) fp32 tiles per program, sized for the largest tile.
-_PARTIAL_TILE = max(m * n for m, n, *_, sk in (_CPU_TMA_TILES if INTERPRET else _TMA_TILES) if sk)
-
-
-class _ArrivalCounters:
-    """The stream-K tiles' counters, int32 zeros per (device, stream). The kernel leaves every counter
-    it uses at zero, so one buffer serves each later call on its stream (calls on one stream never
-    overlap; calls on two streams get two buffers)."""
-
-    def __init__(self):
-        self._buffers: dict = {}
-
-    def get(self, device: torch.device, n: int) -> Tensor:
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        buffer = self._buffers.get((device, stream))
-        if buffer is None or buffer.numel() < n:
-            buffer = self._buffers[(device, stream)] = torch.zeros(n, dtype=torch.int32, device=device)
-        return buffer
-
-
-_ARRIVED = _ArrivalCounters()
 
 
 _FALLBACK = [] if INTERPRET else _configs(_FALLBACK_TILES)
@@ -415,13 +317,10 @@ def fixed_slice_matmul(
         # are placeholders, which each config's pre_hook sets while the autotuner runs.
         config = None if INTERPRET else _LAUNCHES.info(key)
         m, n, k = (config.kwargs[b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K")) if config else (16, 16, 16)
-        programs = sm_count(dy.device)
         tensors = (
             TensorDescriptor(dy, [n_rows, K], [dy.stride(0), 1], [m, k]),
             TensorDescriptor.from_tensor(w, [k, n]),
             TensorDescriptor.from_tensor(dx, [m, n]),
-            torch.empty(2 * programs * _PARTIAL_TILE, dtype=torch.float32, device=dy.device),
-            _ARRIVED.get(dy.device, programs),
         )
         kernel, shape_args, meta = _fixed_slice_matmul_tma, (T, n_rows, K, D), {}
     else:

@@ -61,23 +61,6 @@ def test_tma_kernel_against_float64_with_exact_zeros_past_the_slice(T, K, D, whi
     assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[torch.float16]
 
 
-@pytest.mark.parametrize(
-    ("T", "K", "D", "n_rows"), [(200, 160, 72, 200), (200, 160, 72, 101), (40, 224, 24, 40)]
-)
-def test_tma_kernel_shares_the_last_waves_iterations_stream_k(T, K, D, n_rows):
-    """Stream-K on the interpreter's 4 programs and 32 x 32 x 32 tiles: (200, 160, 72) is 21 tiles of
-    5 K blocks -- 20 whole tiles, then the last tile's 5 iterations over 4 programs, the middle two
-    inside it; (40, 224, 24) is 2 tiles of 7 K blocks, all shared, each tile by two programs. Twice:
-    the first call must leave its counters at zero for the second."""
-    dy, w = make((T, K), torch.float16, 4), make((K, D), torch.float16, 5)
-    ref = sliced_reference(dy, w, n_rows)
-    for _ in range(2):
-        with poisoned_empty():
-            dx = fixed_slice_matmul(dy, w, n_rows, impl="tma")
-        assert (dx[n_rows:] == 0).all()
-        assert rel_err(dx[:n_rows], ref[:n_rows]) < TOL[torch.float16]
-
-
 def test_impl_chooses_the_kernel():
     from tritonlab.tuning import ConfigRecord
 
