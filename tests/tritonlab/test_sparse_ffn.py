@@ -5,17 +5,21 @@ The sliced backward is numerically wrong for training by design; these tests che
 exactly that wrong thing (dX of the first n_rows rows, zeros after) and nothing else."""
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
+import triton
 from torch import nn
 from torch.nn import functional as F
 
 from tritonlab.sparse_ffn import SlicedBackwardLinear, fixed_slice_matmul, replace_ffn, sliced_backward_linear
-from tritonlab.testing import check_against_float64, poisoned_empty, rel_err
+from tritonlab.testing import check_against_float64, poisoned_empty, rel_err, run_without_interpreter
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def sliced_reference(dy: torch.Tensor, w: torch.Tensor, n_rows: int) -> torch.Tensor:
@@ -253,6 +257,40 @@ def test_replace_ffn_refuses_other_models_bad_layers_and_bad_n_rows():
     with pytest.raises(ValueError, match="^model:"):
         replace_ffn(nn.Linear(4, 4), 3)
     assert type(model.base_model.encoder.layer[0].output.dense) is nn.Linear  # nothing was replaced
+
+
+_TMA_BUILD = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tritonlab import sparse_ffn
+from tritonlab.tuning import ptxas_report
+
+results = []
+for m, n, k, w, s, p, f in sparse_ffn._TMA_TILES:
+    sig = {"dy_desc": f"tensordesc<bf16[{m}, {k}]>", "w_desc": f"tensordesc<bf16[{k}, {n}]>",
+           "dx_desc": f"tensordesc<bf16[{m}, {n}]>", "T": "i32", "N_ROWS": "i32", "K": "i32", "D": "i32"}
+    consts = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "PERSISTENT": p, "FLATTEN": f}
+    sig.update({name: "constexpr" for name in consts})
+    out = triton.compile(ASTSource(sparse_ffn._fixed_slice_matmul_tma_kernel, sig, consts),
+                         target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": s})
+    config = sparse_ffn._tma_configs([(m, n, k, w, s, p, f)])[0]
+    results.append({"tile": [m, n, k, w, s], "shared": out.metadata.shared,
+                    "estimate": sparse_ffn._tma_smem(config, 2), **ptxas_report(out.asm["ptx"], "sm_90a")})
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(not (BIN / "ptxas").exists(), reason="needs Triton's ptxas")
+def test_every_tma_tile_builds_for_hopper_within_its_shared_memory_and_without_spills():
+    """The TMA kernel's sm_90a builds, compiled on the CPU: each fits Hopper's 227 KB of shared memory
+    a block, the pruner's estimate is the build's to 0.1%, and nothing spills."""
+    results = json.loads(run_without_interpreter(_TMA_BUILD).stdout.strip().splitlines()[-1])
+    assert len(results) == 6
+    for r in results:
+        assert r["shared"] <= 232_448 and abs(r["shared"] - r["estimate"]) <= 0.001 * r["shared"], r
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
 
 
 # --- on a GPU: bf16 at BERT-base shapes -----------------------------------------------------------
