@@ -125,6 +125,15 @@ def poisoned_empty():
         torch.utils.deterministic.fill_uninitialized_memory = previous[1]
 
 
+def triton_tools_missing(*names: str) -> bool:
+    """Whether any of the named CUDA tools that Triton bundles (``ptxas``, ``cuobjdump``) is absent:
+    the tests that build sm_90 code on the CPU (``run_without_interpreter``) skip then."""
+    import triton
+
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return not all((bundled / name).exists() for name in names)
+
+
 def run_without_interpreter(code: str, *args: str) -> subprocess.CompletedProcess:
     """Python ``code`` (``sys.argv[1:]`` = ``args``) in a fresh process without ``TRITON_INTERPRET``,
     from the directory that holds the ``tritonlab`` package: Triton there compiles for GPU targets

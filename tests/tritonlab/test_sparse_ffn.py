@@ -6,20 +6,23 @@ exactly that wrong thing (dX of the first n_rows rows, zeros after) and nothing 
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 import torch
-import triton
 from torch import nn
 from torch.nn import functional as F
 
 from tritonlab.sparse_ffn import SlicedBackwardLinear, fixed_slice_matmul, replace_ffn, sliced_backward_linear
-from tritonlab.testing import check_against_float64, poisoned_empty, rel_err, run_without_interpreter
+from tritonlab.testing import (
+    check_against_float64,
+    poisoned_empty,
+    rel_err,
+    run_without_interpreter,
+    triton_tools_missing,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def sliced_reference(dy: torch.Tensor, w: torch.Tensor, n_rows: int) -> torch.Tensor:
@@ -282,7 +285,7 @@ print(json.dumps(results))
 """
 
 
-@pytest.mark.skipif(not (BIN / "ptxas").exists(), reason="needs Triton's ptxas")
+@pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_every_tma_tile_builds_for_hopper_within_its_shared_memory_and_without_spills():
     """The TMA kernel's sm_90a builds, compiled on the CPU: each fits Hopper's 227 KB of shared memory
     a block, the pruner's estimate is the build's to 0.1%, and nothing spills."""

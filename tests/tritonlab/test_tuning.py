@@ -1,12 +1,10 @@
 """tritonlab.tuning's ptxas report: registers and spills of a kernel built for a GPU not present."""
 
 import json
-from pathlib import Path
 
 import pytest
-import triton
 
-from tritonlab.testing import run_without_interpreter
+from tritonlab.testing import run_without_interpreter, triton_tools_missing
 from tritonlab.tuning import parse_ptxas_log
 
 _REPORT = r"""
@@ -28,10 +26,8 @@ for arch, name in ((80, "sm_80"), (90, "sm_90a")):
 print(json.dumps(out))
 """
 
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
-
-@pytest.mark.skipif(not PTXAS.exists(), reason="needs Triton's bundled ptxas")
+@pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's bundled ptxas")
 def test_ptxas_report_builds_for_each_target():
     # Phase 11's A100 check builds for sm_80, the tests' FP8 and cross-entropy checks for sm_90a.
     reports = json.loads(run_without_interpreter(_REPORT).stdout.strip().splitlines()[-1])

@@ -10,7 +10,6 @@ call the public functions with ``force_fp8=True``.
 import json
 import logging
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,11 +25,17 @@ from tritonlab.attention import (
 )
 from tritonlab.attention import fp8 as fp8_module
 from tritonlab.attention.fp8 import ERROR_BOUND, GRAD_BOUND, KV_BLOCK, LSE_BOUND, STE_BOUND
-from tritonlab.testing import model_qkv, output_and_grads, poisoned_empty, rel_err, run_without_interpreter
+from tritonlab.testing import (
+    model_qkv,
+    output_and_grads,
+    poisoned_empty,
+    rel_err,
+    run_without_interpreter,
+    triton_tools_missing,
+)
 
 DEVICE = kernel_device_type()
 GPU = DEVICE == "cuda"
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
 def fp8_forward(q, k, v, scale=None):
@@ -470,7 +475,7 @@ def assert_fp8_build(results, configs):
         assert r["spill_bytes"] == 0 and r["registers"] <= 255, r
 
 
-needs_ptxas = pytest.mark.skipif(not PTXAS.exists(), reason="needs Triton's bundled ptxas")
+needs_ptxas = pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's bundled ptxas")
 
 
 def test_the_forward_is_tuned_through_the_config_tables_and_never_on_an_a100():

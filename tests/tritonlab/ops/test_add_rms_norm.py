@@ -9,14 +9,13 @@ for float32 results, 2e-3 for float16 ones (11 significant bits).
 import itertools
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import triton
 
 from tritonlab.ops import add_rms_norm
-from tritonlab.testing import rel_err, run_without_interpreter
+from tritonlab.testing import rel_err, run_without_interpreter, triton_tools_missing
 
 F32, F16 = torch.float32, torch.float16
 TOL = {F32: 1e-5, F16: 2e-3}
@@ -216,7 +215,6 @@ def test_sum_partials_blocks_on_the_h100(monkeypatch):
     assert _sum_partials_blocks(5000, 1, None) == (4096, 1)
 
 
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _BUILD = r"""
 import json
 import triton
@@ -250,7 +248,7 @@ print(json.dumps(results))
 """
 
 
-@pytest.mark.skipif(not (BIN / "ptxas").exists(), reason="needs Triton's ptxas")
+@pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_the_fused_kernels_build_for_sm90_without_spills():
     """Compiled for the H100 on the CPU (nothing runs): the fused forward and backward at the LM's
     width, and the partial sums' 512 x 8 tile, spill nothing."""

@@ -2,14 +2,10 @@
 ops (MUFU) each logit costs, plain and with the softcap, exact and with the hardware tanh."""
 
 import json
-from pathlib import Path
 
 import pytest
-import triton
 
-from tritonlab.testing import run_without_interpreter
-
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+from tritonlab.testing import run_without_interpreter, triton_tools_missing
 
 _BUILD = r"""
 import collections, json, re
@@ -42,7 +38,7 @@ print(json.dumps(results))
 
 
 @pytest.mark.skipif(
-    not (BIN / "ptxas").exists() or not (BIN / "cuobjdump").exists(),
+    triton_tools_missing("ptxas", "cuobjdump"),
     reason="needs Triton's ptxas and cuobjdump",
 )
 def test_the_hardware_tanh_cuts_the_softcaps_special_function_ops():
@@ -60,7 +56,7 @@ _SPILLS = r"""
 import json
 import triton
 
-from tritonlab.testing import run_without_interpreter
+from tritonlab.testing import run_without_interpreter, triton_tools_missing
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tritonlab.ops.cross_entropy import DEFAULT_SETTINGS, OPTIONS_SETTINGS, _cross_entropy_fwd_kernel as kernel
@@ -81,7 +77,7 @@ print(json.dumps(results))
 """
 
 
-@pytest.mark.skipif(not (BIN / "ptxas").exists(), reason="needs Triton's ptxas")
+@pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_the_options_kernel_spills_nothing_at_its_own_settings():
     # The subprocess runs without the interpreter, so it reads the GPU's settings.
     spills = json.loads(run_without_interpreter(_SPILLS).stdout.strip().splitlines()[-1])
@@ -126,7 +122,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.skipif(
-    not (BIN / "ptxas").exists() or not (BIN / "cuobjdump").exists(),
+    triton_tools_missing("ptxas", "cuobjdump"),
     reason="needs Triton's ptxas and cuobjdump",
 )
 def test_the_fixed_max_takes_the_block_reductions_out_of_the_softcapped_sweep():
