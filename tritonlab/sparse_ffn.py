@@ -304,16 +304,17 @@ def fixed_slice_matmul(
     if T == 0 or D == 0:
         return dx
 
-    use_tma = _tma_usable(dy, w, n_rows)
-    if impl == "tma" and not use_tma:
+    if impl == "tma" and not _tma_usable(dy, w, n_rows):
         raise ValueError(
             "impl: 'tma' needs bf16/fp16 operands with unit inner strides, 16-byte aligned rows and "
             f"n_rows > 0 (got {dy.dtype}, dy strides {dy.stride()}, w strides {w.stride()}, n_rows {n_rows})"
         )
-    if impl == "pointer":
-        use_tma = False
-    elif impl == "auto":
-        use_tma = use_tma and not INTERPRET and torch.cuda.get_device_capability(dy.device)[0] >= 9
+    use_tma = impl == "tma" or (
+        impl == "auto"
+        and not INTERPRET
+        and torch.cuda.get_device_capability(dy.device)[0] >= 9
+        and _tma_usable(dy, w, n_rows)
+    )
 
     def grid(meta):
         tiles = triton.cdiv(T, meta["BLOCK_M"]) * triton.cdiv(D, meta["BLOCK_N"])
