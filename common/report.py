@@ -171,6 +171,18 @@ def add_speedup(
     return out.drop(columns="_base")
 
 
+def add_ratio(
+    df: pd.DataFrame, keys: list[str], reference: pd.Series, metric: str, column: str
+) -> pd.DataFrame:
+    """Add ``column`` = this row's ``metric`` / that of the ``reference`` row (a boolean mask over
+    ``df``) with the same ``keys``: a cost against a reference measured in the same run (a
+    checkpoint mode's step against none's). The inverse of ``add_speedup``'s ratio."""
+    base = df.loc[reference, [*keys, metric]].drop_duplicates(keys).rename(columns={metric: "_ref"})
+    out = df.merge(base, on=keys, how="left")
+    out[column] = out[metric].astype(float) / out["_ref"].astype(float)
+    return out.drop(columns="_ref")
+
+
 def format_number(x) -> str:
     """Readable figures: thousands separators for large values, four significant digits otherwise."""
     if isinstance(x, bool) or not isinstance(x, (int, float)) or pd.isna(x):

@@ -3,7 +3,7 @@ then the step at the shape's batch, the largest batch per mode, tokens/s against
 
 import pandas as pd
 
-from common.report import Figures, PhaseReport, Verdict, failures_table, markdown_table
+from common.report import Figures, PhaseReport, Verdict, add_ratio, failures_table, markdown_table
 
 TITLE = "09_checkpoint — activation checkpointing: does the larger batch pay for the recompute?"
 SHAPE_ORDER = {"tiny": 0, "small": 1, "mid": 2, "large": 3}
@@ -96,11 +96,9 @@ def _shape_batch_table(df: pd.DataFrame) -> str:
     rows = df.loc[(df["role"] == "shape") & (df["status"] == "ok")].copy()
     if rows.empty:
         return "_no step at the shape's batch_\n"
-    base = rows.loc[rows["checkpoint"] == "none", ["shape", "dtype", "stack", "step_ms", "peak_mem_gb"]]
-    base = base.rename(columns={"step_ms": "_step", "peak_mem_gb": "_mem"})
-    rows = rows.merge(base, on=["shape", "dtype", "stack"], how="left")
-    rows["step_vs_none"] = rows["step_ms"].astype(float) / rows["_step"]
-    rows["memory_vs_none"] = rows["peak_mem_gb"].astype(float) / rows["_mem"]
+    keys = ["shape", "dtype", "stack"]
+    rows = add_ratio(rows, keys, rows["checkpoint"] == "none", "step_ms", "step_vs_none")
+    rows = add_ratio(rows, keys, rows["checkpoint"] == "none", "peak_mem_gb", "memory_vs_none")
     rows = rows.sort_values(["order", "dtype", "stack", "mode_order"])
     cols = ["shape", "batch", "dtype", "stack", "checkpoint", "step_ms", "tokens_per_s", "forward_ms",
             "backward_ms", "peak_mem_gb", "step_vs_none", "memory_vs_none"]  # fmt: skip

@@ -13,6 +13,7 @@ from common.report import (  # noqa: E402
     Figures,
     PhaseReport,
     Verdict,
+    add_ratio,
     failures_table,
     markdown_table,
     ok_table,
@@ -202,7 +203,6 @@ def _loss_figure(df: pd.DataFrame, figs: Figures) -> str:
     return _save(fig, figs, "loss_curves", title)
 
 
-# Opens as 09's and 10's renders do (a three-line guard, then the heading); the rest is this phase's own.
 def _checkpoint_table(df: pd.DataFrame) -> str:
     """Per shape, the newest run that measured a checkpoint mode: each variant's step and peak memory
     with every mode against the same variant without checkpointing, side by side in that run."""
@@ -215,27 +215,30 @@ def _checkpoint_table(df: pd.DataFrame) -> str:
         return ""
     newest = with_modes.groupby("shape")["run_id"].max()
     rows = ok.loc[ok["run_id"] == ok["shape"].map(newest)]
-    rows = rows.assign(order=rows["shape"].map(SHAPE_ORDER).fillna(9))
     keys = ["shape", "dtype", "batch", "base_variant"]
-    none = rows.loc[rows["checkpoint"] == "none"].drop_duplicates(keys, keep="last").set_index(keys)
-    out = []
-    for _, r in rows.sort_values(["order", "base_variant", "step_ms"]).iterrows():
-        key = tuple(r[k] for k in keys)
-        ref = none.loc[key] if key in none.index else None
-        out.append({
-            "shape": r["shape"], "batch": r["batch"], "variant": r["base_variant"], "checkpoint": r["checkpoint"],
-            "step_ms": r["step_ms"], "peak_mem_gb": r["peak_mem_gb"],
-            "step_vs_none": float("nan") if ref is None else r["step_ms"] / ref["step_ms"],
-            "memory_vs_none": float("nan") if ref is None else r["peak_mem_gb"] / ref["peak_mem_gb"],
-        })  # fmt: skip
+    rows = add_ratio(rows, keys, rows["checkpoint"] == "none", "step_ms", "step_vs_none")
+    rows = add_ratio(rows, keys, rows["checkpoint"] == "none", "peak_mem_gb", "memory_vs_none")
+    rows = rows.assign(variant=rows["base_variant"], order=rows["shape"].map(SHAPE_ORDER).fillna(9))
+    columns = [
+        "shape",
+        "batch",
+        "variant",
+        "checkpoint",
+        "step_ms",
+        "peak_mem_gb",
+        "step_vs_none",
+        "memory_vs_none",
+    ]
     return (
         "\n## With activation checkpointing\n\nThe newest run per shape that measured checkpoint modes "
         "(`--checkpoint`; phase 09 says what each mode recomputes): step time and peak memory against the "
         "same variant without checkpointing in that run. Each checkpointed variant matched the reference "
-        "model like the others before it was timed.\n\n" + markdown_table(pd.DataFrame(out))
+        "model like the others before it was timed.\n\n"
+        + markdown_table(rows.sort_values(["order", "base_variant", "step_ms"]), columns)
     )
 
 
+# Opens as 09's and 10's renders do (a three-line guard, then the heading); the rest is this phase's own.
 def render(df: pd.DataFrame, fig: Figures) -> str:
     curves = _newest_per_variant(df) if "base_variant" in df else df
     checkpointed = _checkpoint_table(df)

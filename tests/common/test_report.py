@@ -7,6 +7,7 @@ from common.report import (
     CPU_GPU_LABEL,
     PhaseReport,
     Verdict,
+    add_ratio,
     add_speedup,
     best_baseline_verdict,
     format_number,
@@ -98,6 +99,14 @@ def test_speedup_only_within_a_run(demo_phase):
     ]
     assert fast["r1"] == pytest.approx(2.0) and fast["r2"] == pytest.approx(3.0)
     assert out.loc[out["gpu"] == "A100", "speedup_vs_base"].isna().all()  # no baseline in its run
+
+
+def test_add_ratio_divides_by_the_reference_row_of_the_same_keys():
+    df = pd.DataFrame({"shape": ["s", "s", "m", "m", "l"], "mode": ["none", "block", "none", "block", "block"],
+                       "ms": ["10", "13", "20", "30", "5"]})  # fmt: skip
+    out = add_ratio(df, ["shape"], df["mode"] == "none", "ms", "vs_none")
+    assert list(out["vs_none"][:4]) == pytest.approx([1.0, 1.3, 1.0, 1.5])
+    assert pd.isna(out["vs_none"][4]) and "_ref" not in out  # no reference: NaN, no helper column left
 
 
 def demo_headline(df):
