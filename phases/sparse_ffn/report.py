@@ -33,8 +33,8 @@ def _kernel_table(df: pd.DataFrame) -> str:
         return "_no kernel rows_\n"
     # Per cell, the newest run's variants only: ratios are taken between rows measured side by side.
     k = select_latest(k, ["shape", "dtype", "layer", "k", "d", "fraction"])
-    wide = k.pivot_table(index=["shape", "dtype", "layer", "k", "d", "fraction", "n_rows"], columns="variant",
-                         values="ms", aggfunc="median").reset_index()  # fmt: skip
+    cell = ["shape", "dtype", "layer", "k", "d", "fraction", "n_rows"]
+    wide = k.pivot_table(index=cell, columns="variant", values="ms", aggfunc="median").reset_index()
     if {"ours", "cublas-slice"} <= set(wide.columns):
         wide["slice_ms / ours_ms"] = wide["cublas-slice"] / wide["ours"]
     if {"ours", "cublas-full"} <= set(wide.columns):
@@ -42,8 +42,7 @@ def _kernel_table(df: pd.DataFrame) -> str:
     if {"ours-pointer", "cublas-slice"} <= set(wide.columns):
         wide["slice_ms / pointer_ms"] = wide["cublas-slice"] / wide["ours-pointer"]
     if "host_ms" in k:  # rows from before the host column have none
-        host = k.pivot_table(index=["shape", "dtype", "layer", "k", "d", "fraction", "n_rows"], columns="variant",
-                             values="host_ms", aggfunc="median")  # fmt: skip
+        host = k.pivot_table(index=cell, columns="variant", values="host_ms", aggfunc="median")
         for variant in ("ours", "cublas-slice"):
             if variant in host:
                 wide = wide.merge(host[variant].rename(f"host_ms {variant}").reset_index(), how="left")
