@@ -1,5 +1,6 @@
-"""Phase 02's cells: the forward of ``tritonlab.attention`` (autotuned loader, and block pointers
-pinned) against SDPA cuDNN and SDPA flash, at the TransformerNP's shapes and the Lk sweep."""
+"""Phase 02's cells: the forward of ``tritonlab.attention`` (the library's default -- the Gluon kernel on
+Hopper from Lk = 1 024 on, else the autotuned Triton kernel -- and the Triton kernel pinned to each
+loader) against SDPA cuDNN and SDPA flash, at the TransformerNP's shapes and the Lk sweep."""
 
 from functools import partial
 
@@ -9,7 +10,8 @@ from tritonlab.attention import attention_forward
 
 def variants() -> dict:
     return {
-        "triton": attention_forward,  # the autotuner picks tiles and loader (TMA or block pointers)
+        "triton": attention_forward,  # impl="auto": what a user's call runs
+        "triton-tma": partial(attention_forward, impl="tma"),  # the Triton kernel, TMA loads
         "triton-blockptr": partial(attention_forward, impl="blockptr"),
         **sdpa_variants(),
     }

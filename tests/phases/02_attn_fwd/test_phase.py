@@ -46,7 +46,7 @@ def test_tiny_run_writes_rows_with_configs(tmp_path):
     run_phase("02", ["--out", str(tmp_path), "--sweep-lk", "30"])
     rows = pd.concat(pd.read_csv(p) for p in (tmp_path / "data" / "02_attn_fwd").glob("*.csv"))
     assert (rows["status"] == "ok").all(), rows[["variant", "error"]]
-    assert set(rows["variant"]) == {"triton", "triton-blockptr"}
+    assert set(rows["variant"]) == {"triton", "triton-tma", "triton-blockptr"}
     assert (
         set(rows["shape"]) == {"tiny", "sweep-Lk30"} and rows["config"].str.startswith("interpreter:").all()
     )
