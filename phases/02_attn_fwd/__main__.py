@@ -6,7 +6,7 @@
 The TransformerNP's attention is rectangular: Lq = M+N queries over Lk = M context keys, no mask.
 ``tritonlab.attention.attention_forward`` computes it with one program per block of query rows
 that streams K and V through an online softmax. ``triton`` is the library's default call: on Hopper
-from Lk = 1 024 on the warp-specialised Gluon kernel, else the Triton kernel with the autotuner's
+from Lk = 1 000 on the warp-specialised Gluon kernel, else the Triton kernel with the autotuner's
 tiles and loader; ``triton-tma`` and ``triton-blockptr`` pin the Triton kernel and its loader.
 Every cell is checked against SDPA before it is timed; each row records the chosen config.
 """

@@ -1,5 +1,5 @@
 """Phase 02's cells: the forward of ``tritonlab.attention`` (the library's default -- the Gluon kernel on
-Hopper from Lk = 1 024 on, else the autotuned Triton kernel -- and the Triton kernel pinned to each
+Hopper from Lk = 1 000 on, else the autotuned Triton kernel -- and the Triton kernel pinned to each
 loader) against SDPA cuDNN and SDPA flash, at the TransformerNP's shapes and the Lk sweep."""
 
 from functools import partial
