@@ -199,10 +199,11 @@ def _attn_fwd_hopper_kernel(
     )  # fmt: skip
 
 
-# Per head dim: (BLOCK_N, STAGES). D = 64: 128-key tiles, 3 stages (measured on the H100 against
-# 2 stages and 64-key tiles); D = 128: 64-key tiles, where a softmax warpgroup's S, O and P fit
-# without spilling.
-CONFIGS = {64: (128, 3), 128: (64, 2)}
+# Per head dim: (BLOCK_N, STAGES), measured on the H100 (reports/data/02_attn_fwd/diagnostics/).
+# D = 64: 128-key tiles, 3 stages (2 stages within 1-2%, 64-key tiles 0.96-1.08x cuDNN). D = 128:
+# 64-key tiles, where a softmax warpgroup's S, O and P fit without spilling (128-key tiles spill
+# 850 bytes a thread); 3 stages 1.02x cuDNN at mid against 0.87x with 2.
+CONFIGS = {64: (128, 3), 128: (64, 3)}
 
 
 def _gl_dtype(dtype: torch.dtype):
