@@ -39,6 +39,7 @@ from .._launch import LaunchCache, autotune_for_launch, signature_key
 from .._runtime import INTERPRET
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures, refuse_record_under_compile
 from ..tuning_tables import autotune
+from . import backward_hopper, forward_hopper
 from ._common import (
     LOG2E,
     backward_delta,
@@ -53,7 +54,7 @@ from ._common import (
     strides4,
     tuning_bench,
 )
-from .forward import _checked_forward, _forward_outputs
+from .forward import GLUON_FROM_LK, _checked_forward, _forward_outputs
 
 _SM_TARGET = 264  # programs to aim for: two waves of an H100's 132 SMs
 _CHUNK_ALIGN = 128  # query chunks are whole multiples of every BLOCK_M in the search spaces
@@ -401,6 +402,18 @@ def _partial_strides(partials: torch.Tensor) -> tuple:
     return (s[0], s[2], s[3], s[4], s[5])
 
 
+def _uses_gluon(q, k, v, do) -> bool:
+    """Whether the backward runs ``backward_hopper``'s kernels: where the Gluon forward runs by
+    default (Hopper, 16-bit, Lk >= GLUON_FROM_LK, TMA-addressable q, k, v and dO), at D = 64 (at
+    D = 128 the dK/dV kernel's two accumulators spill)."""
+    return (
+        q.shape[-1] == 64
+        and k.shape[2] >= GLUON_FROM_LK
+        and forward_hopper.unsupported_reason(q, k, v) is None
+        and forward_hopper.unsupported_reason(do, k, v) is None
+    )
+
+
 def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
     """dQ and (dK, dV) stacked in one (2, B, H, Lk, D) tensor, from the saved forward (o, lse) and
     the output gradient ``do``."""
@@ -409,6 +422,13 @@ def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord |
     qk_scale = scale * LOG2E
     precision = dot_precision(q.dtype)
     delta = backward_delta(o, do)
+    if not INTERPRET and _uses_gluon(q, k, v, do):
+        dq, grads = _like_q_layout(q), _key_grad_buffers(k, n_chunks=1)[0]
+        backward_hopper.backward(q, k, v, lse, do, delta, dq, grads, scale)
+        if record is not None:
+            record.note("dkdv", backward_hopper.config_string("dkdv", D))
+            record.note("dq", backward_hopper.config_string("dq", D))
+        return dq, grads
 
     q_chunk = _plan_query_chunks(Lq, Lk, B * H)
     n_chunks = triton.cdiv(Lq, q_chunk)

@@ -210,7 +210,7 @@ def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
 
-def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+def descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     """A (B, H, L, D) tensor's TMA descriptor, tiles of ``block_rows`` rows of one head."""
     block = [1, 1, block_rows, t.shape[-1]]
     layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(t.dtype))
@@ -251,7 +251,7 @@ def forward(q, k, v, o, lse, qk_scale: float) -> None:
     B, H, Lq, D = q.shape
     block_n, stages = CONFIGS[D]
     grid = (triton.cdiv(Lq, BLOCK_M) * B * H,)
-    descriptors = (_descriptor(q, ROWS_PER_WARPGROUP), _descriptor(k, block_n), _descriptor(v, block_n))
+    descriptors = (descriptor(q, ROWS_PER_WARPGROUP), descriptor(k, block_n), descriptor(v, block_n))
     launch(
         _LAUNCHES,
         _attn_fwd_hopper_kernel,
