@@ -45,8 +45,9 @@ def _mma_layout(n):
 
 
 @gluon.jit
-def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, kv_bars, ready_bars, empty_bars,
-               b, h, key_start, n_tiles, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, kv_bars,
+               ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, n_tiles, BLOCK_M: gl.constexpr,
+               STAGES: gl.constexpr):  # fmt: skip
     for w in gl.static_range(2):
         mbarrier.expect(kv_bars.index(w), 2 * k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
@@ -62,51 +63,19 @@ def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs,
         mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, h, j * BLOCK_M, 0], bar, q_bufs.index(slot))
         tma.async_copy_global_to_shared(do_desc, [b, h, j * BLOCK_M, 0], bar, do_bufs.index(slot))
+        # The tile's lse (base 2; +inf past Lq, so P = 0 there) and Δ, staged beside it: the
+        # barrier's second arrival.
+        r = j * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0]))
+        lse_bufs.index(slot).store(
+            gl.load(LSE + stats + r, mask=r < Lq, other=float("inf")) * 1.4426950408889634
+        )
+        delta_bufs.index(slot).store(gl.load(DELTA + stats + r, mask=r < Lq, other=0.0))
+        mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
-def _dkdv_products(k, v, q_bufs, do_bufs, ready_bars, j, s_zero):
-    """Issue tile j's Sᵀ = K Qᵀ and dPᵀ = V dOᵀ once its Q and dO have landed."""
-    STAGES: gl.constexpr = q_bufs.shape[0]
-    BLOCK_M: gl.constexpr = q_bufs.shape[3]
-    HEAD_DIM: gl.constexpr = q_bufs.shape[4]
-    slot = j % STAGES
-    mbarrier.wait(ready_bars.index(slot), (j // STAGES) & 1)
-    q_tile = q_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    do_tile = do_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    st_tok = warpgroup_mma(k, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    dpt_tok = warpgroup_mma(v, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    return st_tok, dpt_tok
-
-
-@gluon.jit
-def _dkdv_gradients(st_tok, dpt_tok, dk, dv, q_bufs, do_bufs, LSE, DELTA, stats, qk_scale, Lq, j, s_layout: gl.constexpr,
-                    a_layout: gl.constexpr):  # fmt: skip
-    """Tile j's Pᵀ and dSᵀ as its two products land, and its dV += Pᵀ dO and dK += dSᵀ Q issued."""
-    STAGES: gl.constexpr = q_bufs.shape[0]
-    BLOCK_M: gl.constexpr = q_bufs.shape[3]
-    HEAD_DIM: gl.constexpr = q_bufs.shape[4]
-    dtype: gl.constexpr = q_bufs.dtype
-    slot = j % STAGES
-    # Per query row: lse in base 2 (+inf past Lq: P = 0 there) and Δ.
-    r = j * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    lse2 = gl.load(LSE + stats + r, mask=r < Lq, other=float("inf")) * 1.4426950408889634
-    delta = gl.load(DELTA + stats + r, mask=r < Lq, other=0.0)
-    s_t = warpgroup_mma_wait(1, deps=[st_tok])  # dPᵀ may still run
-    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-    p_a = gl.convert_layout(p_t.to(dtype), a_layout)
-    dv_tok = warpgroup_mma(p_a, do_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM]), dv, is_async=True)
-    dp_t = warpgroup_mma_wait(1, deps=[dpt_tok])  # dV may still run
-    ds_a = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(dtype), a_layout)
-    dk_tok = warpgroup_mma(ds_a, q_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM]), dk, is_async=True)
-    return dv_tok, dk_tok, p_a, ds_a
-
-
-@gluon.jit
-def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready_bars, empty_bars, LSE, DELTA, GRADS, scale, qk_scale,
-                  stride_gs, stride_gb, stride_gh, stride_gl, b, h, pid_bh, key_start, Lq, Lk, n_tiles):  # fmt: skip
-    # Software-pipelined: tile j+1's Sᵀ and dPᵀ are issued behind tile j's dV and dK, so the tensor
-    # cores have work while this warpgroup computes the next tile's Pᵀ.
+def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, GRADS, scale,
+                  qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, n_tiles):  # fmt: skip
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
@@ -115,39 +84,32 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready_bars, empty_bar
     s_layout: gl.constexpr = _mma_layout(BLOCK_M)
     g_layout: gl.constexpr = _mma_layout(HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    q_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 
     k = k_smem.reshape([KEYS, HEAD_DIM])
     v = v_smem.reshape([KEYS, HEAD_DIM])
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, g_layout)
-    stats = pid_bh.to(gl.int64) * Lq
     mbarrier.wait(kv_bar, 0)
-    st_tok, dpt_tok = _dkdv_products(k, v, q_bufs, do_bufs, ready_bars, 0, s_zero)
-    for j in range(n_tiles - 1):
-        dv_tok, dk_tok, p_a, ds_a = _dkdv_gradients(
-            st_tok, dpt_tok, dk, dv, q_bufs, do_bufs, LSE, DELTA, stats, qk_scale, Lq, j, s_layout, a_layout
-        )
-        st_tok, dpt_tok = _dkdv_products(k, v, q_bufs, do_bufs, ready_bars, j + 1, s_zero)
-        dv, dk, p_a, ds_a = warpgroup_mma_wait(2, deps=[dv_tok, dk_tok, p_a, ds_a])
-        mbarrier.arrive(empty_bars.index(j % STAGES), count=1)
-    dv_tok, dk_tok, p_a, ds_a = _dkdv_gradients(
-        st_tok,
-        dpt_tok,
-        dk,
-        dv,
-        q_bufs,
-        do_bufs,
-        LSE,
-        DELTA,
-        stats,
-        qk_scale,
-        Lq,
-        n_tiles - 1,
-        s_layout,
-        a_layout,
-    )
-    dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+    for j in range(n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(ready_bars.index(slot), (j // STAGES) & 1)
+        q_tile = q_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        lse2 = lse_bufs.index(slot).load(q_cols)
+        delta = delta_bufs.index(slot).load(q_cols)
+        st_tok = warpgroup_mma(k, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_t = warpgroup_mma_wait(1, deps=[st_tok])
+        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+        p_a = gl.convert_layout(p_t.to(dtype), a_layout)
+        dv_tok = warpgroup_mma(p_a, do_tile, dv, is_async=True)
+        dp_t = warpgroup_mma_wait(1, deps=[dpt_tok])
+        ds_a = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(dtype), a_layout)
+        dk_tok = warpgroup_mma(ds_a, q_tile, dk, is_async=True)
+        dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+        mbarrier.arrive(empty_bars.index(slot), count=1)
 
     keys = key_start + gl.arange(0, KEYS, layout=gl.SliceLayout(1, g_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
@@ -177,25 +139,30 @@ def _dkdv_kernel(
     v_bufs = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout)
+    delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout)
     kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(kv_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(ready_bars.index(i), count=2)  # the TMA copies' expect, and the staged stats
         mbarrier.init(empty_bars.index(i), count=2)
+    stats = pid_bh.to(gl.int64) * Lq
 
     gl.warp_specialize(
         [
-            (_dkdv_compute, (k_bufs.index(0), v_bufs.index(0), kv_bars.index(0), q_bufs, do_bufs, ready_bars,
-                             empty_bars, LSE, DELTA, GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh,
-                             stride_gl, b, h, pid_bh, key_start, Lq, Lk, n_tiles)),
-            (_dkdv_compute, (k_bufs.index(1), v_bufs.index(1), kv_bars.index(1), q_bufs, do_bufs, ready_bars,
-                             empty_bars, LSE, DELTA, GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh,
-                             stride_gl, b, h, pid_bh, key_start + 64, Lq, Lk, n_tiles)),
-            (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, kv_bars, ready_bars,
-                          empty_bars, b, h, key_start, n_tiles, BLOCK_M, STAGES)),
+            (_dkdv_compute, (k_bufs.index(0), v_bufs.index(0), kv_bars.index(0), q_bufs, do_bufs, lse_bufs,
+                             delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
+                             stride_gh, stride_gl, b, h, key_start, Lk, n_tiles)),
+            (_dkdv_compute, (k_bufs.index(1), v_bufs.index(1), kv_bars.index(1), q_bufs, do_bufs, lse_bufs,
+                             delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
+                             stride_gh, stride_gl, b, h, key_start + 64, Lk, n_tiles)),
+            (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                          kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, n_tiles, BLOCK_M,
+                          STAGES)),
         ],
         [4, 1],
         [168, 24],
@@ -226,44 +193,8 @@ def _dq_load(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, q
 
 
 @gluon.jit
-def _dq_products(q, do, k_bufs, v_bufs, ready_bars, j, s_zero):
-    """Issue tile j's S = Q Kᵀ and dP = dO Vᵀ once its K and V have landed."""
-    STAGES: gl.constexpr = k_bufs.shape[0]
-    BLOCK_N: gl.constexpr = k_bufs.shape[3]
-    HEAD_DIM: gl.constexpr = k_bufs.shape[4]
-    slot = j % STAGES
-    mbarrier.wait(ready_bars.index(slot), (j // STAGES) & 1)
-    s_tok = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)  # fmt: skip
-    dp_tok = warpgroup_mma(do, v_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                           use_acc=False, is_async=True)  # fmt: skip
-    return s_tok, dp_tok
-
-
-@gluon.jit
-def _dq_gradient(s_tok, dp_tok, dq, k_bufs, lse2, delta, qk_scale, Lk, j, s_layout: gl.constexpr,
-                 a_layout: gl.constexpr):  # fmt: skip
-    """Tile j's dS as its two products land, and its dQ += dS K issued."""
-    STAGES: gl.constexpr = k_bufs.shape[0]
-    BLOCK_N: gl.constexpr = k_bufs.shape[3]
-    HEAD_DIM: gl.constexpr = k_bufs.shape[4]
-    dtype: gl.constexpr = k_bufs.dtype
-    s = warpgroup_mma_wait(1, deps=[s_tok])  # dP may still run
-    s = s * qk_scale - lse2[:, None]
-    if (j + 1) * BLOCK_N > Lk:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = gl.where((cols < Lk)[None, :], s, float("-inf"))
-    p = gl.exp2(s)
-    dp = warpgroup_mma_wait(0, deps=[dp_tok])
-    ds_a = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
-    dq_tok = warpgroup_mma(ds_a, k_bufs.index(j % STAGES).reshape([BLOCK_N, HEAD_DIM]), dq, is_async=True)
-    return dq_tok, ds_a
-
-
-@gluon.jit
 def _dq_compute(q_smem, do_smem, qd_bar, k_bufs, v_bufs, ready_bars, empty_bars, LSE, DELTA, DQ, scale, qk_scale,
                 stride_qb, stride_qh, stride_ql, b, h, pid_bh, row_start, Lq, Lk, n_tiles):  # fmt: skip
-    # Software-pipelined like _dkdv_compute: tile j+1's S and dP are issued behind tile j's dQ.
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[3]
     HEAD_DIM: gl.constexpr = k_bufs.shape[4]
@@ -272,28 +203,35 @@ def _dq_compute(q_smem, do_smem, qd_bar, k_bufs, v_bufs, ready_bars, empty_bars,
     s_layout: gl.constexpr = _mma_layout(BLOCK_N)
     g_layout: gl.constexpr = _mma_layout(HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     q = q_smem.reshape([QROWS, HEAD_DIM])
     do = do_smem.reshape([QROWS, HEAD_DIM])
     s_zero = gl.zeros([QROWS, BLOCK_N], gl.float32, s_layout)
     dq = gl.zeros([QROWS, HEAD_DIM], gl.float32, g_layout)
-    r = row_start + gl.arange(0, QROWS, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    r = row_start + gl.arange(0, QROWS, layout=s_rows)
     stats = pid_bh.to(gl.int64) * Lq
     lse2 = gl.load(LSE + stats + r, mask=r < Lq, other=float("inf")) * 1.4426950408889634
     delta = gl.load(DELTA + stats + r, mask=r < Lq, other=0.0)
     mbarrier.wait(qd_bar, 0)
-    s_tok, dp_tok = _dq_products(q, do, k_bufs, v_bufs, ready_bars, 0, s_zero)
-    for j in range(n_tiles - 1):
-        dq_tok, ds_a = _dq_gradient(
-            s_tok, dp_tok, dq, k_bufs, lse2, delta, qk_scale, Lk, j, s_layout, a_layout
-        )
-        s_tok, dp_tok = _dq_products(q, do, k_bufs, v_bufs, ready_bars, j + 1, s_zero)
-        dq, ds_a = warpgroup_mma_wait(2, deps=[dq_tok, ds_a])
-        mbarrier.arrive(empty_bars.index(j % STAGES), count=1)
-    dq_tok, ds_a = _dq_gradient(
-        s_tok, dp_tok, dq, k_bufs, lse2, delta, qk_scale, Lk, n_tiles - 1, s_layout, a_layout
-    )
-    dq, ds_a = warpgroup_mma_wait(0, deps=[dq_tok, ds_a])
+    for j in range(n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(ready_bars.index(slot), (j // STAGES) & 1)
+        k_tile = k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        v_tile = v_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        s_tok = warpgroup_mma(q, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(do, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        s = s * qk_scale - lse2[:, None]
+        if (j + 1) * BLOCK_N > Lk:
+            s = gl.where((j * BLOCK_N + cols < Lk)[None, :], s, float("-inf"))
+        p = gl.exp2(s)
+        dp = warpgroup_mma_wait(0, deps=[dp_tok])
+        ds_a = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
+        dq_tok = warpgroup_mma(ds_a, k_tile, dq, is_async=True)
+        dq, ds_a = warpgroup_mma_wait(0, deps=[dq_tok, ds_a])
+        mbarrier.arrive(empty_bars.index(slot), count=1)
 
     rows = row_start + gl.arange(0, QROWS, layout=gl.SliceLayout(1, g_layout))
     dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
