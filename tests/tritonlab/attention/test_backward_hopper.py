@@ -1,0 +1,82 @@
+"""The Gluon dK/dV kernel for Hopper (tritonlab/attention/backward_hopper.py): built for sm_90a on the
+CPU, and on an H100 the two-pass backward that uses it against float64 at odd shapes, strided and
+contiguous."""
+
+import json
+
+import pytest
+import torch
+
+from tritonlab._runtime import kernel_device_type
+from tritonlab.attention import attention
+from tritonlab.attention.forward import GLUON_FROM_LK
+from tritonlab.testing import model_qkv, rel_err, run_without_interpreter, triton_tools_missing
+from tritonlab.tuning import ConfigRecord
+
+DEVICE = kernel_device_type()
+HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9
+
+_BUILD = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from tritonlab.attention.backward_hopper import CONFIGS, ROWS, _dkdv_kernel
+from tritonlab.tuning import ptxas_report
+
+def desc(rows, d):
+    return (f"tensordesc<bf16[1, 1, {rows}, {d}],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, "
+            "rank=4, transposed=False, fp4_padded=False, cga_layout=[])>")
+
+results = {}
+for d, (block_m, stages) in CONFIGS.items():
+    sig = {"q_desc": desc(block_m, d), "k_desc": desc(ROWS, d), "v_desc": desc(ROWS, d), "do_desc": desc(block_m, d),
+           "LSE": "*fp32", "DELTA": "*fp32", "GRADS": "*bf16", "scale": "fp32", "qk_scale": "fp32",
+           "stride_gs": "i64", "stride_gb": "i32", "stride_gh": "i32", "stride_gl": "i32", "H": "i32", "Lq": "i32",
+           "Lk": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "STAGES": "constexpr"}
+    consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages}
+    out = triton.compile(GluonASTSource(_dkdv_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4})
+    results[d] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
+                  **ptxas_report(out.asm["ptx"], "sm_90a")}
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
+def test_the_sm90a_build_fits_hopper():
+    results = json.loads(run_without_interpreter(_BUILD).stdout.strip().splitlines()[-1])
+    assert results
+    for d, r in results.items():
+        # Two MMA warpgroups and a load warp, padded to whole warpgroups: 12 warps.
+        assert r["warps"] == 12, (d, r)
+        assert r["shared"] <= 232_448, (d, r)
+        # 12 bytes a thread measured (two fp32 accumulators, Sᵀ and dPᵀ in 168 registers).
+        assert r["spill_stores"] <= 16, (d, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("layout", ["model", "contiguous"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("B", "H", "Lq", "Lk"),
+    [(1, 2, 257, GLUON_FROM_LK), (2, 1, 1000, 1017), (1, 8, 193, 1100), (1, 1, 1, 1000), (2, 3, 130, 2049)],
+)
+def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, layout):
+    if layout == "model":
+        q, k, v = model_qkv(B, H, Lq, Lk, 64, dtype)
+    else:
+        q, k, v = (torch.randn(B, H, n, 64, device="cuda", dtype=dtype) for n in (Lq, Lk, Lk))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    do = torch.randn(B, H, Lq, 64, device="cuda", dtype=dtype)
+    record = ConfigRecord()
+    attention(q, k, v, record=record).backward(do)
+    assert record.picked["dkdv"].startswith("gluon:"), record.picked
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    o_ref = torch.softmax(ref[0] @ ref[1].transpose(-1, -2) * 64**-0.5, -1) @ ref[2]
+    o_ref.backward(do.double())
+    bound = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    for name, got, want in zip("qkv", (q, k, v), ref):
+        assert torch.isfinite(got.grad).all(), name
+        assert rel_err(got.grad, want.grad) < bound, name
