@@ -77,6 +77,6 @@ def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, layout):
     o_ref = torch.softmax(ref[0] @ ref[1].transpose(-1, -2) * 64**-0.5, -1) @ ref[2]
     o_ref.backward(do.double())
     bound = 1e-2 if dtype == torch.bfloat16 else 2e-3
-    for name, got, want in zip("qkv", (q, k, v), ref):
+    for name, got, want in zip("qkv", (q, k, v), ref, strict=True):
         assert torch.isfinite(got.grad).all(), name
         assert rel_err(got.grad, want.grad) < bound, name
