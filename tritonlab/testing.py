@@ -134,6 +134,16 @@ def triton_tools_missing(*names: str) -> bool:
     return not all((bundled / name).exists() for name in names)
 
 
+def hopper_descriptor_type(block_rows: int, head_dim: int) -> str:
+    """The signature type of a bf16 (B, H, L, D) host tensor descriptor with tiles of ``block_rows``
+    rows of one head, as Triton names it: what a CPU test's sm_90a build of a Gluon attention
+    kernel (``tritonlab/attention/*_hopper.py``) passes for each descriptor argument."""
+    return (
+        f"tensordesc<bf16[1, 1, {block_rows}, {head_dim}],NVMMASharedLayout(swizzle_byte_width=128, "
+        "element_bitwidth=16, rank=4, transposed=False, fp4_padded=False, cga_layout=[])>"
+    )
+
+
 def run_without_interpreter(code: str, *args: str) -> subprocess.CompletedProcess:
     """Python ``code`` (``sys.argv[1:]`` = ``args``) in a fresh process without ``TRITON_INTERPRET``,
     from the directory that holds the ``tritonlab`` package: Triton there compiles for GPU targets

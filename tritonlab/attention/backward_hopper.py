@@ -25,17 +25,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .._launch import LaunchCache, first_launch, launch
-from .forward_hopper import descriptor
+from .forward_hopper import descriptor, mma_layout
 
 ROWS = 64  # one warpgroup's MMA rows
 WARPGROUPS = 2
 LOG2E = 1.4426950408889634
-
-
-@gluon.constexpr_function
-def _mma_layout(n):
-    """A warpgroup's accumulator layout for 64 x n results (wgmma's m16 x n instructions)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
 
 # --- dK, dV: a key block per program, query tiles streamed ------------------------------------
@@ -78,8 +72,8 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
     KEYS: gl.constexpr = k_smem.shape[2]
     dtype: gl.constexpr = q_bufs.dtype
-    s_layout: gl.constexpr = _mma_layout(BLOCK_M)
-    g_layout: gl.constexpr = _mma_layout(HEAD_DIM)
+    s_layout: gl.constexpr = mma_layout(BLOCK_M)
+    g_layout: gl.constexpr = mma_layout(HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
     q_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 

@@ -42,6 +42,12 @@ GLUON_HEAD_DIMS = (64, 128)
 ROWS_PER_WARPGROUP = 64
 
 
+@gluon.constexpr_function
+def mma_layout(n):
+    """A warpgroup's accumulator layout for 64 x n results (wgmma's m16 x n instructions)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h, row_start,
                n_tiles, BLOCK_N: gl.constexpr, ROWS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
@@ -74,12 +80,8 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
     HEAD_DIM: gl.constexpr = k_bufs.shape[4]
     ROWS: gl.constexpr = q_smem.shape[2]
     dtype: gl.constexpr = k_bufs.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    s_layout: gl.constexpr = mma_layout(BLOCK_N)
+    o_layout: gl.constexpr = mma_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)

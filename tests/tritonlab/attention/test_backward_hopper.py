@@ -22,11 +22,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from tritonlab.attention.backward_hopper import CONFIGS, ROWS, _dkdv_kernel
+from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report
-
-def desc(rows, d):
-    return (f"tensordesc<bf16[1, 1, {rows}, {d}],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, "
-            "rank=4, transposed=False, fp4_padded=False, cga_layout=[])>")
 
 results = {}
 for d, (block_m, stages) in CONFIGS.items():

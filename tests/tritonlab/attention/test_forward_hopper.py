@@ -28,11 +28,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from tritonlab.attention.forward_hopper import CONFIGS, ROWS_PER_WARPGROUP, _attn_fwd_hopper_kernel
+from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report, sass
-
-def desc(rows, d):
-    return (f"tensordesc<bf16[1, 1, {rows}, {d}],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, "
-            "rank=4, transposed=False, fp4_padded=False, cga_layout=[])>")
 
 results = {}
 for d, (block_n, stages) in CONFIGS.items():
