@@ -9,7 +9,7 @@ K and V arrive in, the layouts, and when each warpgroup MMA is awaited.
 
 Why: at D = 64 a tile's two products take as many SM cycles on the tensor cores as its
 exponentials take on the exponential unit; the Triton loop issues them in turn, and all its warps
-stop together at every barrier the loads need. Here a program owns NUM_CONSUMERS x 64 query rows:
+stop together at every barrier the loads need. Here a program owns 3 x 64 = 192 query rows:
 
 - one **load warp** copies Q once and then K and V tiles into a STAGES-deep ring (TMA, one
   mbarrier per buffer for "full"; it waits on an "empty" mbarrier before reusing a slot);
@@ -24,7 +24,7 @@ model's strided q, k, v are read in place and every row past Lq or Lk of its hea
 the score columns past Lk are masked to -inf on the last tile only. o is written with plain stores
 (masked rows), lse per row.
 
-Hopper only (sm_90), 16-bit inputs, D in 64 or 128, TMA-addressable strides (``supported``).
+Hopper only (sm_90), 16-bit inputs, D in 64 or 128, TMA-addressable strides (``unsupported_reason``).
 Gluon kernels do not run in Triton's interpreter: ``forward.py``'s Triton kernel is the path
 everywhere else, and this one is tested on the GPU and built for sm_90a on the CPU.
 """
@@ -49,9 +49,9 @@ def mma_layout(n):
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h, row_start,
-               n_tiles, BLOCK_N: gl.constexpr, ROWS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-               STAGES: gl.constexpr):  # fmt: skip
+def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
+                    row_start, n_tiles, BLOCK_N: gl.constexpr, ROWS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+                    STAGES: gl.constexpr):  # fmt: skip
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
