@@ -36,11 +36,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import LaunchCache, autotune_for_launch, signature_key
+from .._launch import LaunchCache, autotune_for_launch, signature_key, tma_ok
 from .._runtime import INTERPRET
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures, refuse_record_under_compile
 from ..tuning_tables import autotune
-from . import backward_hopper, forward_hopper
+from . import backward_hopper
 from ._common import (
     LOG2E,
     backward_delta,
@@ -55,7 +55,8 @@ from ._common import (
     strides4,
     tuning_bench,
 )
-from .forward import GLUON_FROM_LK, _checked_forward, _forward_outputs
+from .forward import _checked_forward, _forward_outputs
+from .forward import _uses_gluon as _forward_uses_gluon
 
 _SM_TARGET = 264  # programs to aim for: two waves of an H100's 132 SMs
 _CHUNK_ALIGN = 128  # query chunks are whole multiples of every BLOCK_M in the search spaces
@@ -405,15 +406,9 @@ def _partial_strides(partials: torch.Tensor) -> tuple:
 
 def _uses_gluon(q, k, v, do) -> bool:
     """Whether the dK/dV pass runs ``backward_hopper``'s Gluon kernel: where the Gluon forward runs by
-    default (Hopper, 16-bit, Lk >= GLUON_FROM_LK, TMA-addressable q, k, v and dO), at D = 64 (at
-    D = 128 its two accumulators spill). The dQ pass stays the Triton kernel (a Gluon one measured
-    2.22 against 2.05 ms at mid)."""
-    return (
-        q.shape[-1] == 64
-        and k.shape[2] >= GLUON_FROM_LK
-        and forward_hopper.unsupported_reason(q, k, v) is None
-        and forward_hopper.unsupported_reason(do, k, v) is None
-    )
+    default, at D = 64 (at D = 128 its two accumulators spill), with a dO a TMA descriptor can
+    address. The dQ pass stays the Triton kernel (a Gluon one measured 2.22 against 2.05 ms at mid)."""
+    return q.shape[-1] == 64 and tma_ok(do) and _forward_uses_gluon(q, k, v, "auto")
 
 
 def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
@@ -424,7 +419,7 @@ def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord |
     qk_scale = scale * LOG2E
     precision = dot_precision(q.dtype)
     delta = backward_delta(o, do)
-    gluon = not INTERPRET and _uses_gluon(q, k, v, do)
+    gluon = not INTERPRET and _uses_gluon(q, k, v, do)  # the Gluon dK/dV kernel
 
     # The Gluon dK/dV kernel runs one chunk: every key block sees every query row.
     q_chunk = Lq if gluon else _plan_query_chunks(Lq, Lk, B * H)
@@ -445,11 +440,11 @@ def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord |
     def dq_grid(c):
         return (triton.cdiv(Lq, c["BLOCK_M"]), B * H)
 
-    if gluon:
-        backward_hopper.dkdv(q, k, v, lse, do, delta, grads, scale)
     if not INTERPRET:
         signature = (signature_key(q, k, v, do), precision)
-        if not gluon:
+        if gluon:
+            backward_hopper.dkdv(q, k, v, lse, do, delta, grads, scale)
+        else:
             dkdv_config = _LAUNCHES.launch(
                 (_dkdv_kernel, signature),
                 dkdv_tensors,

@@ -25,11 +25,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .._launch import LaunchCache, first_launch, launch
+from ._common import LOG2E
 from .forward_hopper import descriptor, mma_layout
 
 ROWS = 64  # one warpgroup's MMA rows
 WARPGROUPS = 2
-LOG2E = 1.4426950408889634
 
 
 # --- dK, dV: a key block per program, query tiles streamed ------------------------------------
@@ -39,13 +39,14 @@ LOG2E = 1.4426950408889634
 def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, kv_bars,
                ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, n_tiles, BLOCK_M: gl.constexpr,
                STAGES: gl.constexpr):  # fmt: skip
+    KEYS: gl.constexpr = k_desc.block_type.shape[2]
     for w in gl.static_range(2):
         mbarrier.expect(kv_bars.index(w), 2 * k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
-            k_desc, [b, h, key_start + w * 64, 0], kv_bars.index(w), k_bufs.index(w)
+            k_desc, [b, h, key_start + w * KEYS, 0], kv_bars.index(w), k_bufs.index(w)
         )
         tma.async_copy_global_to_shared(
-            v_desc, [b, h, key_start + w * 64, 0], kv_bars.index(w), v_bufs.index(w)
+            v_desc, [b, h, key_start + w * KEYS, 0], kv_bars.index(w), v_bufs.index(w)
         )
     for j in range(n_tiles):
         slot = j % STAGES
@@ -118,10 +119,12 @@ def _dkdv_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
-    n_k = gl.cdiv(Lk, 128)
+    KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
+    BLOCK_N: gl.constexpr = 2 * KEYS  # a program's keys: two warpgroups'
+    n_k = gl.cdiv(Lk, BLOCK_N)
     pid = gl.program_id(0)
     pid_bh = pid // n_k
-    key_start = (pid % n_k) * 128
+    key_start = (pid % n_k) * BLOCK_N
     b = pid_bh // H
     h = pid_bh % H
     n_tiles = gl.cdiv(Lq, BLOCK_M)
@@ -150,7 +153,7 @@ def _dkdv_kernel(
                              stride_gh, stride_gl, b, h, key_start, Lk, n_tiles)),
             (_dkdv_compute, (k_bufs.index(1), v_bufs.index(1), kv_bars.index(1), q_bufs, do_bufs, lse_bufs,
                              delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
-                             stride_gh, stride_gl, b, h, key_start + 64, Lk, n_tiles)),
+                             stride_gh, stride_gl, b, h, key_start + KEYS, Lk, n_tiles)),
             (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs,
                           kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, n_tiles, BLOCK_M,
                           STAGES)),

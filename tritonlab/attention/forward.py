@@ -14,8 +14,9 @@ once more with its columns masked.
 On Hopper (sm_90) with 16-bit inputs, D in 64 or 128 and TMA-addressable strides, ``impl="auto"``
 runs ``forward_hopper.py`` instead from Lk = GLUON_FROM_LK (1 000) keys on: the same math in Gluon,
 warp-specialised (a load warp and three softmax warpgroups whose P V products run under the next
-tile's softmax): 1.16x / 1.19x cuDNN at phase 02's mid / large where this kernel reaches 1.07x / 1.10x. ``impl="gluon"`` asks for it
-and raises where it cannot run; "tma" and "blockptr" keep this kernel.
+tile's softmax): 1.16x / 1.19x cuDNN at phase 02's mid / large, where this kernel reaches 1.07x /
+1.10x. ``impl="gluon"`` asks for it and raises where it cannot run; "tma" and "blockptr" keep this
+kernel.
 
 Two ways to load tiles, both part of the autotuning space: block pointers (``tl.make_block_ptr``,
 any strides) and tensor descriptors (``tl.make_tensor_descriptor``, Hopper's TMA copy engine; needs
@@ -321,8 +322,9 @@ def attention_forward(
     picks the kernel: "gluon" (Hopper's warp-specialised kernel: sm_90, bf16/fp16, D 64 or 128,
     TMA-addressable strides; a ValueError elsewhere), "tma" or "blockptr" (the Triton kernel's
     loads; strides TMA cannot take fall back to block pointers), or "auto" (the default): the Gluon
-    kernel where it runs and Lk >= GLUON_FROM_LK, else the autotuner measuring both loaders. ``record`` (a
-    ``tritonlab.tuning.ConfigRecord``) receives the config the launch used, as "forward".
+    kernel where it runs and Lk >= GLUON_FROM_LK, else the autotuner measuring both loaders.
+    ``record`` (a ``tritonlab.tuning.ConfigRecord``) receives the config the launch used, as
+    "forward".
     """
     check_qkv(q, k, v, ndim=4)
     scale = softmax_scale(q.shape[-1], scale)

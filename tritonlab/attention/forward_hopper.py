@@ -40,6 +40,8 @@ from .._launch import LaunchCache, first_launch, launch, tma_ok
 
 GLUON_HEAD_DIMS = (64, 128)
 ROWS_PER_WARPGROUP = 64
+SOFTMAX_WARPGROUPS = 3
+BLOCK_M = ROWS_PER_WARPGROUP * SOFTMAX_WARPGROUPS
 
 
 @gluon.constexpr_function
@@ -154,8 +156,8 @@ def _attn_fwd_hopper_kernel(
     H, Lq, Lk,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
-    ROWS: gl.constexpr = 64  # ROWS_PER_WARPGROUP: one warpgroup's MMA rows
-    NUM_CONSUMERS: gl.constexpr = 3
+    ROWS: gl.constexpr = q_desc.block_type.shape[2]  # one warpgroup's rows: ROWS_PER_WARPGROUP
+    NUM_CONSUMERS: gl.constexpr = 3  # the three softmax partitions below: SOFTMAX_WARPGROUPS
     BLOCK_M: gl.constexpr = ROWS * NUM_CONSUMERS
     dtype: gl.constexpr = q_desc.dtype
     n_m = gl.cdiv(Lq, BLOCK_M)
@@ -231,10 +233,6 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str
     if not tma_ok(q, k, v):
         return "unit stride along D and 16-byte aligned rows and starts (TMA)"
     return None
-
-
-SOFTMAX_WARPGROUPS = 3
-BLOCK_M = ROWS_PER_WARPGROUP * SOFTMAX_WARPGROUPS
 
 
 def config_string(head_dim: int) -> str:
