@@ -45,6 +45,11 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
+# Hopper's (H100/H200) opt-in shared memory per block: the fallback where the driver does not say,
+# and the budget the CPU tests build sm_90a kernels against.
+HOPPER_SHARED_MEMORY = 232_448
+
+
 @functools.cache
 def shared_memory_bytes(device_index: int | None = None) -> int:
     """The most shared memory one program may use on this GPU (opt-in limit, per block)."""
@@ -52,7 +57,7 @@ def shared_memory_bytes(device_index: int | None = None) -> int:
         return 1 << 30  # the interpreter has no limit; only a test's time does
     index = torch.cuda.current_device() if device_index is None else device_index
     props = torch.cuda.get_device_properties(index)
-    return int(getattr(props, "shared_memory_per_block_optin", 0) or 232_448)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or HOPPER_SHARED_MEMORY)
 
 
 def fits_shared_memory(need_bytes: int, device_index: int | None = None, headroom: float = 1.0) -> bool:

@@ -8,15 +8,14 @@ import triton
 
 from tritonlab.attention import _common, backward, forward, fused
 from tritonlab.attention.flash2 import TileConfig, _fit, _fits, _table_config
-
-H100_LIMIT = 232_448
+from tritonlab.tuning import HOPPER_SHARED_MEMORY
 
 
 @pytest.fixture
 def h100(monkeypatch):
     """Pretend the kernels run on an H100 (the interpreter has no limit)."""
     monkeypatch.setattr(
-        _common, "fits_shared_memory", lambda need, headroom=1.0: need * headroom <= H100_LIMIT
+        _common, "fits_shared_memory", lambda need, headroom=1.0: need * headroom <= HOPPER_SHARED_MEMORY
     )
 
 
@@ -55,7 +54,7 @@ def test_two_pass_spaces(h100, kernel, fixed, streamed):
         need = _common.tile_smem_bytes(
             4, 128, fixed_rows=2 * rows[fixed], streamed_rows=2 * rows[streamed], stages=c.num_stages
         )
-        assert need * 1.1 <= H100_LIMIT
+        assert need * 1.1 <= HOPPER_SHARED_MEMORY
     assert len(prune(autotuned.configs, _Args(torch.bfloat16), HEAD_DIM=64)) >= 4
 
 
@@ -112,8 +111,11 @@ def test_flash_fit_shrinks_what_does_not_fit(h100):
 
 def test_shared_memory_estimate_of_the_issue():
     # fp32 tiles of 128 x 128 at D = 128 (3 stages) do not fit an H100; bf16 128 x 128 at D = 64 does.
-    assert _common.tile_smem_bytes(4, 128, fixed_rows=128, streamed_rows=256, stages=3) > H100_LIMIT
-    assert _common.tile_smem_bytes(2, 64, fixed_rows=128, streamed_rows=256, stages=3) * 1.1 < H100_LIMIT
+    assert _common.tile_smem_bytes(4, 128, fixed_rows=128, streamed_rows=256, stages=3) > HOPPER_SHARED_MEMORY
+    assert (
+        _common.tile_smem_bytes(2, 64, fixed_rows=128, streamed_rows=256, stages=3) * 1.1
+        < HOPPER_SHARED_MEMORY
+    )
     assert triton.next_power_of_2(100) == 128  # the prune's width rule relies on it
 
 

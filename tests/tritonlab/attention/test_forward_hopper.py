@@ -17,7 +17,7 @@ from tritonlab.testing import (
     run_without_interpreter,
     triton_tools_missing,
 )
-from tritonlab.tuning import ConfigRecord
+from tritonlab.tuning import HOPPER_SHARED_MEMORY, ConfigRecord
 
 DEVICE = kernel_device_type()
 HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9
@@ -54,7 +54,7 @@ def test_the_sm90a_build_is_warp_specialised_fits_and_does_not_spill():
     for d, r in results.items():
         # Three softmax warpgroups and a load warp, padded to whole warpgroups: 16 warps.
         assert r["warps"] == 16, (d, r)
-        assert r["shared"] <= 232_448, (d, r)  # Hopper's shared memory per block
+        assert r["shared"] <= HOPPER_SHARED_MEMORY, (d, r)
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (d, r)
         assert r["hgmma"] > 0, (d, r)
 

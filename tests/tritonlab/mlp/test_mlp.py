@@ -16,7 +16,7 @@ from tritonlab.mlp import (
 )
 from tritonlab.models import mlp_eager
 from tritonlab.testing import check_against_float64, rel_err
-from tritonlab.tuning import ConfigRecord
+from tritonlab.tuning import HOPPER_SHARED_MEMORY, ConfigRecord
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 VARIANTS = {
@@ -26,7 +26,6 @@ VARIANTS = {
     "gemm-silu": gemm_silu_mlp,
     "padded-cublas": padded_cublas_mlp,
 }
-H100_SHARED_MEMORY = 232_448
 
 
 def _t(*shape, dtype=torch.float32, device=None):
@@ -199,7 +198,7 @@ def test_a_record_is_refused_under_compile():
 @pytest.fixture
 def h100_budget(monkeypatch):
     """The H100's opt-in shared memory per block, and the GPU's 128-row staged tile."""
-    monkeypatch.setattr(tuning, "shared_memory_bytes", lambda device_index=None: H100_SHARED_MEMORY)
+    monkeypatch.setattr(tuning, "shared_memory_bytes", lambda device_index=None: HOPPER_SHARED_MEMORY)
     monkeypatch.setattr(mlp, "_STAGED_BLOCK_M", 128)
 
 
@@ -207,10 +206,10 @@ def test_float32_staged_configs_are_the_fallbacks_that_fit(h100_budget):
     primary = mlp._staged_configs(mlp._STAGED_TILES)
     fallback = mlp._staged_configs(mlp._STAGED_FALLBACK_TILES)
     # The crash this pruning prevents: 294 912 B of pipelined tiles (+ barriers) for the first config.
-    assert mlp._staged_smem(primary[0], 4) > H100_SHARED_MEMORY
+    assert mlp._staged_smem(primary[0], 4) > HOPPER_SHARED_MEMORY
     kept = _gemm.fitting_configs(primary + fallback, 4, mlp._staged_smem, fallback)
     assert kept == fallback
-    assert all(mlp._staged_smem(c, 4) <= H100_SHARED_MEMORY for c in kept)
+    assert all(mlp._staged_smem(c, 4) <= HOPPER_SHARED_MEMORY for c in kept)
     # 16-bit inputs keep the measured space, fallbacks left out.
     assert _gemm.fitting_configs(primary + fallback, 2, mlp._staged_smem, fallback) == primary
 
@@ -223,7 +222,7 @@ def test_register_and_hidden_spaces_drop_what_does_not_fit(h100_budget):
         configs = _gemm.tile_configs(tiles)
         kept = _gemm.fitting_configs(configs, 4, estimate)
         assert 0 < len(kept) < len(configs)
-        assert all(estimate(c, 4) <= H100_SHARED_MEMORY for c in kept)
+        assert all(estimate(c, 4) <= HOPPER_SHARED_MEMORY for c in kept)
         assert _gemm.fitting_configs(configs, 2, estimate) == configs
 
 
