@@ -56,12 +56,17 @@ def fp8_mma_layout(n):
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, m_desc, q_bufs, k_bufs, v_bufs, m_bufs, q_bars, k_bars, v_bars,
-                    empty_bars, b, h, row_start, n_tiles, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
-                    NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, KV_BLOCK: gl.constexpr):  # fmt: skip
-    # forward_hopper's load warp, for K8 (B, H, L', D) and V8ᵀ (B, H, D, L') tiles, and with each V8ᵀ
-    # tile the means of its block (B, H, L'/KV_BLOCK, D): read from shared memory, they cost the
-    # softmax warps no registers for addresses.
+def _load_partition(q_desc, k_desc, v_desc, m_desc, KS, VS, q_bufs, k_bufs, v_bufs, m_bufs, sc_bufs, q_bars,
+                    k_bars, v_bars, empty_bars, b, h, pid_bh, row_start, n_tiles, n_kv_blocks, BLOCK_N: gl.constexpr,
+                    ROWS: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
+                    KV_BLOCK: gl.constexpr):  # fmt: skip
+    # forward_hopper's load warp, for K8 (B, H, L', D) and V8ᵀ (B, H, D, L') tiles, with each K8 tile
+    # its block's K and V scales (loaded a tile ahead, stored before the K barrier's arrive releases
+    # them) and with each V8ᵀ tile its block's means (B, H, L'/KV_BLOCK, D). In shared memory they
+    # cost the softmax warps neither registers for addresses nor a global load's latency.
+    pair = gl.arange(0, 2, layout=gl.BlockedLayout([2], [32], [1], [0]))
+    first = pid_bh.to(gl.int64) * n_kv_blocks
+    scales = gl.load(gl.where(pair == 0, KS + first, VS + first))
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
@@ -71,18 +76,27 @@ def _load_partition(q_desc, k_desc, v_desc, m_desc, q_bufs, k_bufs, v_bufs, m_bu
         slot = j % STAGES
         # The slot's previous tile must be released by every consumer first.
         mbarrier.wait(empty_bars.index(slot), ((j // STAGES) + 1) & 1, pred=j >= STAGES)
+        sc_bufs.index(slot).store(scales)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, h, j * BLOCK_N, 0], k_bars.index(slot), k_bufs.index(slot))
+        tma.async_copy_global_to_shared(
+            k_desc, [b, h, j * BLOCK_N, 0], k_bars.index(slot), k_bufs.index(slot)
+        )
         mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes + m_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, h, 0, j * BLOCK_N], v_bars.index(slot), v_bufs.index(slot))
+        tma.async_copy_global_to_shared(
+            v_desc, [b, h, 0, j * BLOCK_N], v_bars.index(slot), v_bufs.index(slot)
+        )
         tma.async_copy_global_to_shared(
             m_desc, [b, h, (j * BLOCK_N) // KV_BLOCK, 0], v_bars.index(slot), m_bufs.index(slot)
         )
+        block = first + (gl.minimum(j + 1, n_tiles - 1) * BLOCK_N) // KV_BLOCK
+        scales = gl.load(gl.where(pair == 0, KS + block, VS + block))
 
 
 @gluon.jit
-def _hold(x):
-    gl.inline_asm_elementwise("", "=r,r", [x], dtype=gl.int8, is_pure=False, pack=4)
+def _scales(sc_smem, pair):
+    """The tile's (K scale, V scale) from the pair the load warp stored."""
+    sc = sc_smem.load(pair.type.layout)
+    return gl.sum(gl.where(pair == 0, sc, 0.0), 0), gl.sum(gl.where(pair == 1, sc, 0.0), 0)
 
 
 @gluon.jit
@@ -97,9 +111,9 @@ def _as_operand(p8, layout: gl.constexpr):
 
 
 @gluon.jit
-def _fp8_softmax_partition(q_smem, q8_smem, q_bar, k_bufs, v_bufs, m_bufs, k_bars, v_bars, empty_bars, O, LSE, KS,
-                           VS, qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles,
-                           n_kv_blocks, KV_BLOCK: gl.constexpr):  # fmt: skip
+def _fp8_softmax_partition(q_smem, q8_smem, q_bar, k_bufs, v_bufs, m_bufs, sc_bufs, k_bars, v_bars, empty_bars, O,
+                           LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk,
+                           n_tiles):  # fmt: skip
     # One warpgroup's 64 query rows from row_start; the tile sizes come with the buffers' types.
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[3]
@@ -125,14 +139,16 @@ def _fp8_softmax_partition(q_smem, q8_smem, q_bar, k_bufs, v_bufs, m_bufs, k_bar
 
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    scales = pid_bh.to(gl.int64) * n_kv_blocks  # this head's first K/V block
+    pair = gl.arange(0, 2, layout=gl.BlockedLayout([2], [32], [4], [0]))
 
     mbarrier.wait(k_bars.index(0), 0)
-    s = warpgroup_mma(q8_smem, k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero, use_acc=False)
+    s = warpgroup_mma(
+        q8_smem, k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero, use_acc=False
+    )
     if n_tiles == 1:
         s = gl.where((cols < Lk)[None, :], s, float("-inf"))
-    score_scale = row_scale * gl.load(KS + scales)
-    v_unit = gl.load(VS + scales)
+    k_scale, v_unit = _scales(sc_bufs.index(0), pair)
+    score_scale = row_scale * k_scale
     m_i = gl.max(s, 1) * score_scale
     p = gl.exp2(s * score_scale - m_i[:, None])
     l_i = gl.sum(p, 1)
@@ -144,10 +160,8 @@ def _fp8_softmax_partition(q_smem, q8_smem, q_bar, k_bufs, v_bufs, m_bufs, k_bar
     for j in range(1, n_tiles):
         slot = j % STAGES
         prev = (j - 1) % STAGES
-        block = scales + (j * BLOCK_N) // KV_BLOCK
-        k_scale = gl.load(KS + block)
-        v_scale = gl.load(VS + block)
         mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+        k_scale, v_scale = _scales(sc_bufs.index(slot), pair)
         k_tile = k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         s_tok = warpgroup_mma(q8_smem, k_tile, s_zero, use_acc=False, is_async=True)
         mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
@@ -171,7 +185,6 @@ def _fp8_softmax_partition(q_smem, q8_smem, q_bar, k_bufs, v_bufs, m_bufs, k_bar
         mean_weight = p_sum * gl.fdiv(_E4M3_MAX, v_scale)
         v_unit = v_scale
         acc = warpgroup_mma_wait(0, deps=[o_tok])
-        _hold(p8)
         v_mean = m_bufs.index(prev).reshape([1, HEAD_DIM]).load(o_layout)
         mbarrier.arrive(empty_bars.index(prev), count=1)
         acc = acc * rescale[:, None] + mean_coef[:, None] * v_mean
@@ -223,6 +236,7 @@ def _fp8_attn_fwd_hopper_kernel(
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     m_bufs = gl.allocate_shared_memory(m_desc.dtype, [STAGES] + m_desc.block_type.shape, m_desc.layout)
+    sc_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -236,17 +250,18 @@ def _fp8_attn_fwd_hopper_kernel(
 
     gl.warp_specialize(
         [
-            (_fp8_softmax_partition, (q_bufs.index(0), q8_bufs.index(0), q_bars.index(0), k_bufs, v_bufs, m_bufs, k_bars, v_bars,
-                                      empty_bars, O, LSE, KS, VS, qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh,
-                                      row_start, Lq, Lk, n_tiles, n_kv_blocks, KV_BLOCK)),
-            (_fp8_softmax_partition, (q_bufs.index(1), q8_bufs.index(1), q_bars.index(1), k_bufs, v_bufs, m_bufs, k_bars, v_bars,
-                                      empty_bars, O, LSE, KS, VS, qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh,
-                                      row_start + ROWS, Lq, Lk, n_tiles, n_kv_blocks, KV_BLOCK)),
-            (_fp8_softmax_partition, (q_bufs.index(2), q8_bufs.index(2), q_bars.index(2), k_bufs, v_bufs, m_bufs, k_bars, v_bars,
-                                      empty_bars, O, LSE, KS, VS, qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh,
-                                      row_start + 2 * ROWS, Lq, Lk, n_tiles, n_kv_blocks, KV_BLOCK)),
-            (_load_partition, (q_desc, k_desc, v_desc, m_desc, q_bufs, k_bufs, v_bufs, m_bufs, q_bars, k_bars, v_bars,
-                               empty_bars, b, h, row_start, n_tiles, BLOCK_N, ROWS, NUM_CONSUMERS, STAGES, KV_BLOCK)),
+            (_fp8_softmax_partition, (q_bufs.index(0), q8_bufs.index(0), q_bars.index(0), k_bufs, v_bufs, m_bufs, sc_bufs, k_bars,
+                                      v_bars, empty_bars, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh,
+                                      row_start, Lq, Lk, n_tiles)),
+            (_fp8_softmax_partition, (q_bufs.index(1), q8_bufs.index(1), q_bars.index(1), k_bufs, v_bufs, m_bufs, sc_bufs, k_bars,
+                                      v_bars, empty_bars, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh,
+                                      row_start + ROWS, Lq, Lk, n_tiles)),
+            (_fp8_softmax_partition, (q_bufs.index(2), q8_bufs.index(2), q_bars.index(2), k_bufs, v_bufs, m_bufs, sc_bufs, k_bars,
+                                      v_bars, empty_bars, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh,
+                                      row_start + 2 * ROWS, Lq, Lk, n_tiles)),
+            (_load_partition, (q_desc, k_desc, v_desc, m_desc, KS, VS, q_bufs, k_bufs, v_bufs, m_bufs, sc_bufs, q_bars,
+                               k_bars, v_bars, empty_bars, b, h, pid_bh, row_start, n_tiles, n_kv_blocks, BLOCK_N, ROWS,
+                               NUM_CONSUMERS, STAGES, KV_BLOCK)),
         ],
         [4, 4, 1],
         [160, 160, 24],
@@ -254,7 +269,7 @@ def _fp8_attn_fwd_hopper_kernel(
 
 
 # Per head dim: (BLOCK_N, STAGES). Every BLOCK_N divides fp8.KV_BLOCK, so a tile has one K/V scale.
-CONFIGS = {64: (64, 3), 128: (64, 2)}
+CONFIGS = {64: (128, 3), 128: (64, 3)}
 
 
 def _descriptor(t: torch.Tensor, block: list, layout) -> TensorDescriptor:
@@ -297,7 +312,10 @@ def forward(q, k8, k_scales, v8t, v_scales, v_means, o, lse, Lk: int, qk_scale: 
     B, H, Lq, D = q.shape
     block_n, stages = CONFIGS[D]
     grid = (triton.cdiv(Lq, BLOCK_M) * B * H,)
-    descriptors = (forward_hopper.descriptor(q, ROWS_PER_WARPGROUP), *kv_descriptors(k8, v8t, v_means, B, H, block_n))
+    descriptors = (
+        forward_hopper.descriptor(q, ROWS_PER_WARPGROUP),
+        *kv_descriptors(k8, v8t, v_means, B, H, block_n),
+    )
     launch(
         _LAUNCHES,
         _fp8_attn_fwd_hopper_kernel,
