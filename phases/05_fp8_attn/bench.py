@@ -47,7 +47,7 @@ def _interpreted_fp8(q, k, v, *, backward: bool, record=None):
     """The FP8 kernels in Triton's interpreter (the CPU), where the public functions run bf16."""
     scale = q.shape[-1] ** -0.5
     if backward:
-        return fp8_kernels._FP8AttentionFunction.apply(q, k, v, scale, record, "auto")
+        return fp8_kernels._FP8AttentionFunction.apply(q, k, v, scale, record)
     return fp8_kernels._fp8_forward(q, k, v, scale, record)
 
 

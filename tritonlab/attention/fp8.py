@@ -71,7 +71,6 @@ from .._runtime import INTERPRET
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures
 from ..tuning_tables import autotune
-from . import fp8_hopper
 from ._common import (  # much the same list as backward.py's: a declaration, not logic
     LOG2E,
     check_qkv,
@@ -86,13 +85,12 @@ from ._common import (  # much the same list as backward.py's: a declaration, no
 )
 from .backward import _two_pass_backward
 from .backward import attention as _bf16_attention
-from .forward import GLUON_FROM_LK, _checked_forward, _forward_outputs
+from .forward import _checked_forward, _forward_outputs
 
 logger = logging.getLogger("tritonlab")
 
 FP8_HEAD_DIMS = (64, 128)  # fp8 wgmma reduces over 32 elements: D = 16 or 32 is not worth a path
 FP8_INPUT_DTYPES = (torch.bfloat16, torch.float16)
-FP8_IMPLS = ("auto", "gluon", "triton")
 KV_BLOCK = 128  # keys per K and V scale; every BLOCK_N divides it, so a K/V tile has one scale
 MIN_CAPABILITY = (8, 9)
 _E4M3_MAX = tl.constexpr(FP8_MAX)  # 448, as the kernels see it
@@ -146,22 +144,12 @@ def _quantize_centred(x, first, n, BLOCK: tl.constexpr, EXACT_CAST: tl.constexpr
 
 
 @triton.jit
-def _operand_order(keys):
-    """Where V8ᵀ stores each key for ``fp8_hopper``'s kernel: within every 32 keys, key
-    16h + 8b + 2q + p goes to column 16h + 4q + 2b + p -- the order in which a thread holds P's
-    columns in Hopper's accumulator layout, read as the fp8 A operand's (``fp8_hopper._as_operand``).
-    A permutation of the keys the P·V product sums over: the product is unchanged."""
-    c = keys % 32
-    return keys - c + (c // 16) * 16 + ((c // 2) % 4) * 4 + ((c // 8) % 2) * 2 + c % 2
-
-
-@triton.jit
 def _quantize_kv_kernel(
     K, V, K8, V8T, KS, VS, VM,
     stride_kb, stride_kh, stride_kl, stride_kd,
     stride_vb, stride_vh, stride_vl, stride_vd,
     H, Lk, Lk_pad, n_blocks,
-    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, EXACT_CAST: tl.constexpr, KEY_ORDER: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, EXACT_CAST: tl.constexpr,
 ):  # fmt: skip
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
@@ -175,8 +163,7 @@ def _quantize_kv_kernel(
     dims = tl.arange(0, HEAD_DIM)
     v8, v_scale, v_mean = _quantize_centred(v, col, Lk, BLOCK, EXACT_CAST)
     tl.store(K8 + bh * Lk_pad * HEAD_DIM + keys[:, None] * HEAD_DIM + dims[None, :], k8)
-    v_cols = _operand_order(keys) if KEY_ORDER else keys
-    tl.store(V8T + bh * HEAD_DIM * Lk_pad + dims[:, None] * Lk_pad + v_cols[None, :], tl.trans(v8))
+    tl.store(V8T + bh * HEAD_DIM * Lk_pad + dims[:, None] * Lk_pad + keys[None, :], tl.trans(v8))
     tl.store(KS + bh * n_blocks + pid_n, k_scale)
     tl.store(VS + bh * n_blocks + pid_n, v_scale)
     tl.store(VM + (bh * n_blocks + pid_n) * HEAD_DIM + dims, v_mean)
@@ -189,11 +176,10 @@ _QUANTIZE_WARPS = 8
 _DIRECT_LAUNCHES = LaunchCache(first_launch)
 
 
-def _quantize_kv(k: torch.Tensor, v: torch.Tensor, key_order: bool = False) -> tuple[torch.Tensor, ...]:
+def _quantize_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(K8 (B·H, Lk', D), K scales (B·H, Lk'/KV_BLOCK), V8ᵀ (B·H, D, Lk'), V scales, V means
     (B·H, Lk'/KV_BLOCK, D)) for k, v (B, H, Lk, D) in any strides; Lk' is Lk rounded up to KV_BLOCK,
-    the padding zero. V8ᵀ holds V less its block's means; ``key_order``: its keys in the order of
-    ``_operand_order`` (the Gluon kernel's), else in order."""
+    the padding zero. V8ᵀ holds V less its block's means."""
     B, H, Lk, D = k.shape
     n_blocks = triton.cdiv(Lk, KV_BLOCK)
     lk_pad = n_blocks * KV_BLOCK
@@ -204,12 +190,12 @@ def _quantize_kv(k: torch.Tensor, v: torch.Tensor, key_order: bool = False) -> t
     v_means = torch.empty((B * H, n_blocks, D), dtype=torch.float32, device=k.device)
     tensors = (k, v, k8, v8t, k_scales, v_scales, v_means)
     shape_args = (*strides4(k), *strides4(v), H, Lk, lk_pad, n_blocks)
-    meta = {"HEAD_DIM": D, "BLOCK": KV_BLOCK, "EXACT_CAST": INTERPRET, "KEY_ORDER": key_order}
+    meta = {"HEAD_DIM": D, "BLOCK": KV_BLOCK, "EXACT_CAST": INTERPRET}
     if INTERPRET:
         _quantize_kv_kernel[(n_blocks, B * H)](*tensors, *shape_args, **meta)
     else:
         _DIRECT_LAUNCHES.launch(
-            (_quantize_kv_kernel, signature_key(k, v), key_order), tensors, _quantize_kv_kernel, (n_blocks, B * H),
+            (_quantize_kv_kernel, signature_key(k, v)), tensors, _quantize_kv_kernel, (n_blocks, B * H),
             shape_args, {**meta, "num_warps": _QUANTIZE_WARPS},
         )  # fmt: skip
     return k8, k_scales, v8t, v_scales, v_means
@@ -447,32 +433,14 @@ def _tune(tensors: tuple, shape_args: tuple) -> tuple:
 _LAUNCHES = LaunchCache(_tune)
 
 
-def _uses_gluon(q, Lk: int, impl: str) -> bool:
-    """Whether the call runs ``fp8_hopper``'s kernel: "gluon" asks for it (a ValueError where it
-    cannot run), "triton" for this module's kernel, "auto" takes Gluon where it can run and Lk
-    reaches the bf16 forward's GLUON_FROM_LK."""
-    if impl == "triton":
-        return False
-    reason = fp8_hopper.unsupported_reason(q)
-    if impl == "gluon" and reason is not None:
-        raise ValueError(f"impl: 'gluon' needs {reason}")
-    return reason is None and (impl == "gluon" or Lk >= GLUON_FROM_LK)
-
-
-def _fp8_forward_tiled(q, k, v, scale: float, record: ConfigRecord | None = None, impl: str = "auto"):
+def _fp8_forward_tiled(q, k, v, scale: float, record: ConfigRecord | None = None):
     """(o, lse, BLOCK_M) from the FP8 kernels, for checked inputs: the quantisation launch, then the
-    forward; BLOCK_M is the query rows that share one Q scale. On a GPU with FP8 (the Gluon kernel on
-    Hopper, ``_uses_gluon``), or in Triton's interpreter (exact rounding, one fixed config)."""
+    forward; BLOCK_M is the launch's query rows per program, which share one Q scale. On a GPU with
+    FP8, or in Triton's interpreter (exact rounding, one fixed config)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
-    gluon = _uses_gluon(q, Lk, impl)
-    k8, k_scales, v8t, v_scales, v_means = _quantize_kv(k, v, key_order=gluon)
+    k8, k_scales, v8t, v_scales, v_means = _quantize_kv(k, v)
     o, lse = _forward_outputs(q)
-    if gluon:
-        fp8_hopper.forward(q, k8, k_scales, v8t, v_scales, v_means, o, lse, Lk, scale * LOG2E, KV_BLOCK)
-        if record is not None:
-            record.note("forward", fp8_hopper.config_string(D))
-        return o, lse, fp8_hopper.ROWS_PER_WARPGROUP
     tensors = (q, k8, v8t, k_scales, v_scales, v_means, o, lse, scale * LOG2E)
     shape_args = _shape_args(q, o, Lk, k8.shape[1], k_scales.shape[1])
     use_descriptor_scratch()
@@ -490,9 +458,9 @@ def _fp8_forward_tiled(q, k, v, scale: float, record: ConfigRecord | None = None
     return o, lse, (config.kwargs if config is not None else _INTERPRETER_CONFIG)["BLOCK_M"]
 
 
-def _fp8_forward(q, k, v, scale: float, record: ConfigRecord | None = None, impl: str = "auto"):
+def _fp8_forward(q, k, v, scale: float, record: ConfigRecord | None = None):
     """(o, lse) of ``_fp8_forward_tiled``."""
-    o, lse, _ = _fp8_forward_tiled(q, k, v, scale, record, impl)
+    o, lse, _ = _fp8_forward_tiled(q, k, v, scale, record)
     return o, lse
 
 
@@ -512,9 +480,9 @@ class _FP8AttentionFunction(torch.autograd.Function):
     H100 a 300-step training run's loss jumped at step 200 and did not recover)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, record, impl):
+    def forward(ctx, q, k, v, scale, record):
         ctx.scale, ctx.record = scale, record
-        o, lse, ctx.block_m = _fp8_forward_tiled(q, k, v, scale, record, impl)
+        o, lse, ctx.block_m = _fp8_forward_tiled(q, k, v, scale, record)
         ctx.save_for_backward(q, k, v, o, lse)
         return o
 
@@ -523,7 +491,7 @@ class _FP8AttentionFunction(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         qd, kd, vd = _dequantized(q, k, v, ctx.block_m)
         dq, dkv = _two_pass_backward(qd, kd, vd, o, lse, do, ctx.scale, ctx.record)
-        return dq, dkv[0], dkv[1], None, None, None
+        return dq, dkv[0], dkv[1], None, None
 
 
 # --- the public functions ------------------------------------------------------------------------
@@ -544,11 +512,9 @@ def _warn_fallback(where: str) -> None:
     logger.warning("fp8 attention: no FP8 on %s; running the bf16 attention kernels instead", where)
 
 
-def _fp8_or_fallback(q, k, v, scale, force_fp8: bool, impl: str) -> tuple[float, bool]:
+def _fp8_or_fallback(q, k, v, scale, force_fp8: bool) -> tuple[float, bool]:
     """Check the inputs; (the softmax scale, whether the FP8 kernels run)."""
     check_qkv(q, k, v, ndim=4, dtypes=FP8_INPUT_DTYPES, head_dims=FP8_HEAD_DIMS)
-    if impl not in FP8_IMPLS:
-        raise ValueError(f"impl: expected one of {FP8_IMPLS}, got {impl!r}")
     scale = softmax_scale(q.shape[-1], scale)
     if supports_fp8(q.device):
         return scale, True
@@ -570,7 +536,6 @@ def fp8_attention_forward(
     scale: float | None = None,
     *,
     force_fp8: bool = False,
-    impl: str = "auto",
     record: ConfigRecord | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(scale · q kᵀ) v computed in e4m3 with per-block scales, and the natural-log
@@ -587,9 +552,9 @@ def fp8_attention_forward(
     separate K/V quantisation launch costs as much as the forward. At D = 64 it buys no time;
     at D = 128, 1.16-1.23x.
     """
-    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8, impl)
+    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8)
     if use_fp8:
-        return _fp8_forward(q, k, v, scale, record, impl)
+        return _fp8_forward(q, k, v, scale, record)
     return _checked_forward(q, k, v, scale, record=record)
 
 
@@ -601,7 +566,6 @@ def fp8_attention(
     scale: float | None = None,
     *,
     force_fp8: bool = False,
-    impl: str = "auto",
     record: ConfigRecord | None = None,
 ) -> torch.Tensor:
     """Differentiable ``fp8_attention_forward``: the FP8 forward, then the bf16 two-pass backward of
@@ -609,16 +573,15 @@ def fp8_attention(
     fallback and ``force_fp8`` as ``fp8_attention_forward``'s; ``record`` receives the configs of
     the forward and the backward ("forward", "dkdv", "dq"). Eager only: not a torch.compile custom op.
     """
-    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8, impl)
+    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8)
     if use_fp8:
-        return _FP8AttentionFunction.apply(q, k, v, scale, record, impl)
+        return _FP8AttentionFunction.apply(q, k, v, scale, record)
     return _bf16_attention(q, k, v, scale, record=record)
 
 
 __all__ = [
     "ERROR_BOUND",
     "FP8_HEAD_DIMS",
-    "FP8_IMPLS",
     "GRAD_BOUND",
     "LSE_BOUND",
     "fp8_attention",
