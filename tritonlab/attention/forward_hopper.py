@@ -13,11 +13,13 @@ stop together at every barrier the loads need. Here a program owns 3 x 64 = 192 
 
 - one **load warp** copies Q once and then K and V tiles into a STAGES-deep ring (TMA, one
   mbarrier per buffer for "full"; it waits on an "empty" mbarrier before reusing a slot);
-- each **softmax warpgroup** (4 warps, 64 rows) runs FlashAttention-3's intra-warpgroup overlap:
-  iteration j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} asynchronously, waits for S_j alone and
-  computes P_j's softmax while the P V product is still on the tensor cores; P stays in registers
-  as the MMA's A operand. A warpgroup releases a slot (arrives on "empty") once its P V product
-  is done; the warpgroups never wait for each other, so one's softmax overlaps another's products.
+- each **softmax warpgroup** (4 warps, 64 rows) is written as FlashAttention-3's intra-warpgroup
+  overlap: iteration j issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} asynchronously and waits for
+  S_j alone before P_j's softmax; P stays in registers as the MMA's A operand. In the sm_90a build
+  (ptxas of Triton 3.6) the wait for the P V product is hoisted above the exponentials, so within
+  a warpgroup the products and the softmax alternate; the overlap is between warpgroups. A
+  warpgroup releases a slot (arrives on "empty") once its P V product is done; the warpgroups
+  never wait for each other, so one's softmax overlaps another's products.
 
 Addressing: host-side 4-D tensor descriptors over (B, H, L, D) with the caller's strides, so the
 model's strided q, k, v are read in place and every row past Lq or Lk of its head reads as zeros;
