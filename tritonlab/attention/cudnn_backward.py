@@ -13,8 +13,8 @@ pairing match cuDNN's own to 2.5-4.6e-4 relative, bf16's rounding). Measured on 
 against cuDNN's 7.56 and our two-pass backward's 7.86; 643 ms at large against 680 and 705.
 
 cuDNN's SDPA takes bf16 or fp16 on a CUDA GPU with cuDNN (compute capability >= 8.0) and head dims
-that are multiples of 8 up to 128; elsewhere (the CPU, fp32) the call is a ``ValueError`` naming what
-is missing -- ``attention`` is the path that runs everywhere. The backward is cuDNN's: not ours to
+that are multiples of 8 up to 128, and not one query over one key; elsewhere (the CPU, fp32) the
+call is a ``ValueError`` naming what is missing -- ``attention`` is the path that runs everywhere. The backward is cuDNN's: not ours to
 make deterministic.
 """
 
@@ -27,8 +27,8 @@ from .backward import _attend, _attention_ops, _key_grad_buffers, _like_q_layout
 CUDNN_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def unsupported_reason(q: torch.Tensor) -> str | None:
-    """Why cuDNN's attention backward cannot take q's call, or None."""
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """Why cuDNN's attention backward cannot take the call of q over k, or None."""
     if not q.is_cuda:
         return f"a CUDA GPU (q is on {q.device})"
     if not torch.backends.cudnn.is_available():
@@ -39,6 +39,8 @@ def unsupported_reason(q: torch.Tensor) -> str | None:
         return f"bf16 or fp16 inputs, got {q.dtype}"
     if q.shape[-1] % 8 or q.shape[-1] > 128:
         return f"a head dim that is a multiple of 8 up to 128, got {q.shape[-1]}"
+    if q.shape[2] == k.shape[2] == 1:
+        return "more than one query or key (cuDNN: 's_q = s_kv = 1 is not supported')"
     return None
 
 
@@ -47,24 +49,12 @@ def _cudnn_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | No
     cuDNN's backward at o and lse (B, H, Lq), our forward's."""
     Lq, Lk = q.shape[2], k.shape[2]
     no_dropout = torch.empty((), dtype=torch.int64, device=q.device)  # philox seed and offset, unused
+    # dO contiguous in (B, H, Lq, D): in o's own (B, Lq, H, D) layout -- the model's -- the op returns
+    # wrong gradients (3.3 against 1.4 at (1, 2, 2, 2) on the H100; the tests hold both layouts).
     dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-        do,
-        q,
-        k,
-        v,
-        o,
-        lse.unsqueeze(-1),
-        no_dropout,
-        no_dropout,
-        None,
-        None,
-        None,
-        Lq,
-        Lk,
-        0.0,
-        False,
+        do.contiguous(), q, k, v, o, lse.unsqueeze(-1), no_dropout, no_dropout, None, None, None, Lq, Lk, 0.0, False,
         scale=scale,
-    )
+    )  # fmt: skip
     # The layouts the custom op's fake promises (and the two-pass backward returns).
     dq_out = _like_q_layout(q)
     dq_out.copy_(dq)
@@ -94,7 +84,7 @@ def attention_with_cudnn_backward(
     (elsewhere a ``ValueError`` naming what is missing). ``record`` receives the forward's config and
     "cudnn" for the backward's; it cannot be passed under torch.compile."""
     check_qkv(q, k, v, ndim=4)
-    reason = None if torch.compiler.is_compiling() else unsupported_reason(q)
+    reason = None if torch.compiler.is_compiling() else unsupported_reason(q, k)
     if reason is not None:
         raise ValueError(f"q: cuDNN's attention backward needs {reason}; attention() runs everywhere")
     return _attend(
