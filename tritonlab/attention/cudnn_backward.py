@@ -49,11 +49,13 @@ def _cudnn_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | No
     cuDNN's backward at o and lse (B, H, Lq), our forward's."""
     Lq, Lk = q.shape[2], k.shape[2]
     no_dropout = torch.empty((), dtype=torch.int64, device=q.device)  # philox seed and offset, unused
-    # dO contiguous in (B, H, Lq, D): in o's own (B, Lq, H, D) layout -- the model's -- the op returns
-    # wrong gradients (3.3 against 1.4 at (1, 2, 2, 2) on the H100; the tests hold both layouts).
+    # Every tensor contiguous in (B, H, L, D): with dO in o's own (B, Lq, H, D) layout -- the model's --
+    # the op returned wrong gradients (3.3 against 1.4 at (1, 2, 2, 2) on the H100), and in the
+    # compiled model, whose q, k, v reach it in Inductor's layouts, wrong ones too (relative error
+    # 0.8-1.0 of every parameter's gradient at mid and large with only dO made contiguous).
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
     dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-        do.contiguous(), q, k, v, o, lse.unsqueeze(-1), no_dropout, no_dropout, None, None, None, Lq, Lk, 0.0, False,
-        scale=scale,
+        do, q, k, v, o, lse.unsqueeze(-1), no_dropout, no_dropout, None, None, None, Lq, Lk, 0.0, False, scale=scale
     )  # fmt: skip
     # The layouts the custom op's fake promises (and the two-pass backward returns).
     dq_out = _like_q_layout(q)
