@@ -39,12 +39,10 @@ CUSTOM = [
     "custom-bf16-separate",
     "custom-bf16-fused",
     "custom-bf16-mixed",
-    "custom-bf16-cudnnbwd",
     "custom-fp8-fused",
     "compile+custom-bf16-separate",
     "compile+custom-bf16-fused",
     "compile+custom-bf16-mixed",
-    "compile+custom-bf16-cudnnbwd",
 ]
 # sdpa-math: the CPU's reference and baseline (cuDNN and flash SDPA need a CUDA GPU).
 VARIANTS = [*BASELINES, "sdpa-math", *CUSTOM]
@@ -85,14 +83,7 @@ def _triton_components(attention: str) -> Components:
     # fp8: phase 05's FP8 forward with the bf16 two-pass backward; force_fp8, so a GPU without FP8
     # is an error row rather than a bf16 run under this name (skip_reason keeps such cells out).
     fp8 = functools.partial(attn.fp8_attention, force_fp8=True)
-    # cudnnbwd: our attention forward with cuDNN's backward (attention_with_cudnn_backward).
-    fn = {
-        "separate": attn.attention,
-        "fused": attn.fused_attention,
-        "mixed": mixed,
-        "cudnnbwd": attn.attention_with_cudnn_backward,
-        "fp8": fp8,
-    }[attention]
+    fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": mixed, "fp8": fp8}[attention]
     return Components(attention=fn, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
 
 
@@ -129,8 +120,6 @@ def skip_reason(variant: str, graphs: bool, dtype: str) -> str | None:
     if base == "custom-fp8-fused" and fp8_skip_reason(dtype):
         return fp8_skip_reason(dtype)
     if not ON_GPU:
-        if base == "custom-bf16-cudnnbwd":
-            return "custom-bf16-cudnnbwd: cuDNN's attention backward needs a CUDA GPU"
         if base in ("sdpa-cudnn", "sdpa-flash"):
             return f"{base}: SDPA's {base[5:]} backend needs a CUDA GPU (the CPU's baseline is sdpa-math)"
         if graphs:

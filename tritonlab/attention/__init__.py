@@ -3,7 +3,6 @@
     o, lse = attention_forward(q, k, v)          # q (B, H, Lq, D) over k, v (B, H, Lk, D), no mask
     o = attention(q, k, v)                       # differentiable; deterministic two-pass backward
     o = fused_attention(q, k, v)                 # differentiable; one-launch fused backward
-    o = attention_with_cudnn_backward(q, k, v)   # differentiable; cuDNN's backward (GPU, 16-bit)
     o = fp8_attention(q, k, v)                   # e4m3 forward (Hopper), bf16 backward; fp8.py
     o = FlashAttentionTriton.apply(q, k, v, is_causal)    # q (B, Nq, D); causal or not
     o = FlashAttentionPyTorch.apply(q, k, v, is_causal)   # the same algorithm in plain PyTorch
@@ -33,7 +32,6 @@ preprocess, the checks and the config pruning, and keep their own loops.
 
 from ._common import HEAD_DIMS
 from .backward import attention
-from .cudnn_backward import attention_with_cudnn_backward
 from .flash2 import FlashAttentionTriton, TileConfig
 from .flash_pytorch import FlashAttentionPyTorch
 from .forward import IMPLS, attention_forward
@@ -50,7 +48,6 @@ __all__ = [
     "attention",
     "attention_flops",
     "attention_forward",
-    "attention_with_cudnn_backward",
     "causal_mask",
     "fp8_attention",
     "fp8_attention_forward",
