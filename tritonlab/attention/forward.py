@@ -13,8 +13,8 @@ once more with its columns masked.
 
 On Hopper (sm_90) with 16-bit inputs, D in 64 or 128 and TMA-addressable strides, ``impl="auto"``
 runs ``forward_hopper.py`` instead from Lk = GLUON_FROM_LK (1 000) keys on: the same math in Gluon,
-warp-specialised (a load warp and three softmax warpgroups whose P V products run under the next
-tile's softmax): 1.16x / 1.19x cuDNN at phase 02's mid / large, where this kernel reaches 1.07x /
+warp-specialised (a load warp and three softmax warpgroups, one's softmax under another's
+products): 1.16x / 1.19x cuDNN at phase 02's mid / large, where this kernel reaches 1.07x /
 1.10x. ``impl="gluon"`` asks for it and raises where it cannot run; "tma" and "blockptr" keep this
 kernel.
 

@@ -1,4 +1,4 @@
-"""The attention forward on Hopper in Gluon: warp-specialised, the P V product under the next softmax.
+"""The attention forward on Hopper in Gluon: warp-specialised, one warpgroup's softmax under another's products.
 
     o = softmax(scale · q kᵀ) v,   lse = logsumexp(scale · q kᵀ)   (natural log, per query row)
 
