@@ -112,11 +112,15 @@ def flash2_tune_cell(shape: tuple[int, int, int], tuned: list, causal: bool = Tr
 
         dtype = torch.bfloat16
         q, k, v, grad_o = (torch.randn(batch, n, head_dim, dtype=dtype, device="cuda") for _ in range(4))
-        o, lse = flash2.flash_forward(q, k, v, causal)
+        o, lse = flash2.flash_forward(q, k, v, causal, impl="triton")
         calls = {
-            "fwd": lambda c: flash2.flash_forward(q, k, v, causal, config=c),
-            "dq": lambda c: flash2.flash_backward(q, k, v, o, lse, grad_o, causal, dq_config=c),
-            "dkdv": lambda c: flash2.flash_backward(q, k, v, o, lse, grad_o, causal, dkdv_config=c),
+            "fwd": lambda c: flash2.flash_forward(q, k, v, causal, config=c, impl="triton"),
+            "dq": lambda c: flash2.flash_backward(
+                q, k, v, o, lse, grad_o, causal, dq_config=c, impl="triton"
+            ),
+            "dkdv": lambda c: flash2.flash_backward(
+                q, k, v, o, lse, grad_o, causal, dkdv_config=c, impl="triton"
+            ),
         }
         gpu = tt.gpu_slug(torch.cuda.get_device_name())
         picks = []

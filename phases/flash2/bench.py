@@ -28,6 +28,9 @@ from tritonlab.attention import (
 from tritonlab.attention.flash2 import TUNE_CANDIDATES, flash_backward, flash_forward, tile_config
 from tritonlab.testing import DTYPES, rel_err
 
+# Hopper: where FlashAttentionTriton's "auto" runs the Gluon kernels (tritonlab.attention.flash2).
+GLUON_GPU = ON_GPU and torch.cuda.get_device_capability()[0] == 9
+
 SDPA_BACKENDS = {
     "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
     "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -185,10 +188,11 @@ def attention_impls(dtype: torch.dtype, n: int, causal: bool) -> dict[str, Calla
 
         return run
 
-    impls = {
-        "triton": lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal),
-        "naive": lambda q, k, v: naive_attention(q, k, v, mask),
-    }
+    impls = {"triton": lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal)}
+    if GLUON_GPU and dtype != torch.float32:
+        # The library's call takes the Gluon kernels here; the Triton ones side by side.
+        impls["triton-only"] = lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal, "triton")
+    impls["naive"] = lambda q, k, v: naive_attention(q, k, v, mask)
     if not ON_GPU:
         impls["sdpa-math"] = sdpa(SDPA_BACKENDS["sdpa-math"])
     elif dtype == torch.float32:  # cuDNN and flash take only 16-bit inputs
@@ -283,16 +287,25 @@ def _flash_pass(fn, inputs, checked, pass_: str, budget: Budget, shape: tuple) -
 def tune_cells(
     batch: int, n: int, head_dim: int, dtype_name: str, causal: bool, budget: Budget, kernels
 ) -> Iterator[Cell]:
-    """Each candidate tile of each kernel on one shape; the backward candidates are timed as the whole
-    backward with the other kernel's tiles held at the table's choice."""
+    """Each candidate tile of each Triton kernel on one shape (``impl="triton"`` throughout: the
+    tiles are the Triton kernels'); the backward candidates are timed as the whole backward with the
+    other kernel's tiles held at the table's choice."""
     dtype = DTYPES[dtype_name]
 
     @functools.cache
     def state():
         q, k, v = (t.detach() for t in random_qkv(batch, n, head_dim, dtype))
         grad_out = torch.randn_like(q)
-        o_ref, lse = flash_forward(q, k, v, causal)
-        return q, k, v, grad_out, o_ref, lse, flash_backward(q, k, v, o_ref, lse, grad_out, causal)
+        o_ref, lse = flash_forward(q, k, v, causal, impl="triton")
+        return (
+            q,
+            k,
+            v,
+            grad_out,
+            o_ref,
+            lse,
+            flash_backward(q, k, v, o_ref, lse, grad_out, causal, impl="triton"),
+        )
 
     for kernel in kernels:
         table = tile_config(kernel, dtype, head_dim, causal)
@@ -309,11 +322,11 @@ def _tune_one(state, kernel: str, cfg: TileConfig, budget: Budget, shape: tuple)
     q, k, v, grad_out, o_ref, lse, grads_ref = state()
     batch, n, head_dim, causal = shape
     if kernel == "fwd":
-        run = lambda: flash_forward(q, k, v, causal, config=cfg)
+        run = lambda: flash_forward(q, k, v, causal, config=cfg, impl="triton")
     elif kernel == "dq":
-        run = lambda: flash_backward(q, k, v, o_ref, lse, grad_out, causal, dq_config=cfg)
+        run = lambda: flash_backward(q, k, v, o_ref, lse, grad_out, causal, dq_config=cfg, impl="triton")
     else:
-        run = lambda: flash_backward(q, k, v, o_ref, lse, grad_out, causal, dkdv_config=cfg)
+        run = lambda: flash_backward(q, k, v, o_ref, lse, grad_out, causal, dkdv_config=cfg, impl="triton")
     want = (o_ref, lse) if kernel == "fwd" else grads_ref
     err = max(rel_err(a, b) for a, b in zip(run(), want, strict=True))
     check_close("relative error against the table's tiles", err, 1e-2)

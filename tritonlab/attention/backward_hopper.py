@@ -37,8 +37,8 @@ WARPGROUPS = 2
 
 @gluon.jit
 def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, kv_bars,
-               ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, n_tiles, BLOCK_M: gl.constexpr,
-               STAGES: gl.constexpr):  # fmt: skip
+               ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, n_tiles,
+               BLOCK_M: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
     for w in gl.static_range(2):
         mbarrier.expect(kv_bars.index(w), 2 * k_desc.block_type.nbytes)
@@ -48,9 +48,10 @@ def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs,
         tma.async_copy_global_to_shared(
             v_desc, [b, h, key_start + w * KEYS, 0], kv_bars.index(w), v_bufs.index(w)
         )
-    for j in range(n_tiles):
-        slot = j % STAGES
-        mbarrier.wait(empty_bars.index(slot), ((j // STAGES) + 1) & 1, pred=j >= STAGES)
+    for j in range(first_tile, n_tiles):
+        i = j - first_tile
+        slot = i % STAGES
+        mbarrier.wait(empty_bars.index(slot), ((i // STAGES) + 1) & 1, pred=i >= STAGES)
         bar = ready_bars.index(slot)
         mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, h, j * BLOCK_M, 0], bar, q_bufs.index(slot))
@@ -67,7 +68,8 @@ def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs,
 
 @gluon.jit
 def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, GRADS, scale,
-                  qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, n_tiles):  # fmt: skip
+                  qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles,
+                  CAUSAL: gl.constexpr):  # fmt: skip
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
@@ -77,6 +79,7 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
     g_layout: gl.constexpr = mma_layout(HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
     q_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    s_keys = key_start + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
 
     k = k_smem.reshape([KEYS, HEAD_DIM])
     v = v_smem.reshape([KEYS, HEAD_DIM])
@@ -84,9 +87,10 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, g_layout)
     mbarrier.wait(kv_bar, 0)
-    for j in range(n_tiles):
-        slot = j % STAGES
-        mbarrier.wait(ready_bars.index(slot), (j // STAGES) & 1)
+    for j in range(first_tile, n_tiles):
+        i = j - first_tile
+        slot = i % STAGES
+        mbarrier.wait(ready_bars.index(slot), (i // STAGES) & 1)
         q_tile = q_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
         lse2 = lse_bufs.index(slot).load(q_cols)
@@ -95,6 +99,10 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
         dpt_tok = warpgroup_mma(v, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_t = warpgroup_mma_wait(1, deps=[st_tok])
         p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+        if CAUSAL:  # noqa: SIM102 (a compile-time branch: no runtime test without the mask)
+            if j * BLOCK_M < key_start + KEYS:  # a tile with some query before some of these keys
+                rows = j * BLOCK_M + gl.arange(0, BLOCK_M, layout=q_cols)
+                p_t = gl.where(rows[None, :] >= s_keys[:, None], p_t, 0.0)
         p_a = gl.convert_layout(p_t.to(dtype), a_layout)
         dv_tok = warpgroup_mma(p_a, do_tile, dv, is_async=True)
         dp_t = warpgroup_mma_wait(1, deps=[dpt_tok])
@@ -116,18 +124,27 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
 def _dkdv_kernel(
     q_desc, k_desc, v_desc, do_desc, LSE, DELTA, GRADS, scale, qk_scale,
     stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
     BLOCK_N: gl.constexpr = 2 * KEYS  # a program's keys: two warpgroups'
     n_k = gl.cdiv(Lk, BLOCK_N)
     pid = gl.program_id(0)
-    pid_bh = pid // n_k
-    key_start = (pid % n_k) * BLOCK_N
+    n_tiles = gl.cdiv(Lq, BLOCK_M)
+    if CAUSAL:
+        # Heaviest first: the first key block of every head (it meets every query), then the next; a
+        # block's queries start at its first key's tile.
+        n_bh = gl.num_programs(0) // n_k
+        pid_bh = pid % n_bh
+        key_start = (pid // n_bh) * BLOCK_N
+        first_tile = gl.minimum(key_start // BLOCK_M, n_tiles)
+    else:
+        pid_bh = pid // n_k
+        key_start = (pid % n_k) * BLOCK_N
+        first_tile = 0
     b = pid_bh // H
     h = pid_bh % H
-    n_tiles = gl.cdiv(Lq, BLOCK_M)
 
     k_bufs = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
@@ -150,13 +167,13 @@ def _dkdv_kernel(
         [
             (_dkdv_compute, (k_bufs.index(0), v_bufs.index(0), kv_bars.index(0), q_bufs, do_bufs, lse_bufs,
                              delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
-                             stride_gh, stride_gl, b, h, key_start, Lk, n_tiles)),
+                             stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles, CAUSAL)),
             (_dkdv_compute, (k_bufs.index(1), v_bufs.index(1), kv_bars.index(1), q_bufs, do_bufs, lse_bufs,
                              delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
-                             stride_gh, stride_gl, b, h, key_start + KEYS, Lk, n_tiles)),
+                             stride_gh, stride_gl, b, h, key_start + KEYS, Lk, first_tile, n_tiles, CAUSAL)),
             (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs,
-                          kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, n_tiles, BLOCK_M,
-                          STAGES)),
+                          kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, n_tiles,
+                          BLOCK_M, STAGES)),
         ],
         [4, 1],
         [168, 24],
@@ -177,9 +194,10 @@ def config_string(head_dim: int) -> str:
 _LAUNCHES = LaunchCache(first_launch)
 
 
-def dkdv(q, k, v, lse, do, delta, grads, scale: float) -> None:
+def dkdv(q, k, v, lse, do, delta, grads, scale: float, causal: bool = False) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes at D = 64;
-    ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous."""
+    ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
+    keeps key j for query i when i >= j (top-left aligned)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     block_m, stages = CONFIGS[D]
@@ -197,7 +215,7 @@ def dkdv(q, k, v, lse, do, delta, grads, scale: float) -> None:
             grads,
         ),
         (float(scale), float(scale * LOG2E), *grads.stride()[:4], H, Lq, Lk),
-        {"HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "num_warps": 4},
+        {"HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "num_warps": 4},
         key_tensors=(q, k, v, do, grads),
     )
 

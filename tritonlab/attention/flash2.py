@@ -50,10 +50,13 @@ from .._launch import tma_ok, use_descriptor_scratch
 from .._runtime import INTERPRET
 from ..tuning import dot_precision
 from ..tuning_tables import TUNER, dtype_name, gpu_slug
+from . import backward_hopper, forward_hopper
 from ._common import HEAD_DIMS, LOG2E, backward_delta, check_qkv, fits, online_softmax_tile
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOADERS = ("auto", "tma", "blockptr")
+# "auto": the Gluon kernels (forward_hopper, backward_hopper's dK/dV) where they can run, else Triton.
+IMPLS = ("auto", "triton", "gluon")
 
 
 @dataclass(frozen=True)
@@ -514,23 +517,49 @@ def _bwd_dq_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def flash_forward(q, k, v, is_causal: bool, config: TileConfig | None = None, loader: str = "auto"):
-    """O (like q) and L (B, Nq) in fp32. ``config`` overrides the tile table
-    (the tuner's candidates); ``loader`` picks the loads: "tma" (tensor descriptors), "blockptr",
-    or "auto" -- TMA whenever the strides allow it."""
+def _uses_gluon(q, k, v, impl: str) -> bool:
+    """Whether the forward runs ``forward_hopper``'s Gluon kernel: asked for ("gluon": an error
+    naming why where it cannot run), or "auto" wherever it can -- Hopper, 16-bit, D 64 or 128,
+    TMA-addressable strides. The backward's dK/dV follows where ``backward_hopper`` has a config."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl: unknown {impl!r}; expected one of {IMPLS}")
+    if impl == "triton":
+        return False
+    if INTERPRET:
+        reason = "a GPU (Gluon kernels do not run in Triton's interpreter)"
+    else:
+        reason = forward_hopper.unsupported_reason(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
+    if impl == "gluon" and reason is not None:
+        raise ValueError(f"impl: 'gluon' needs {reason}")
+    return reason is None
+
+
+def flash_forward(
+    q, k, v, is_causal: bool, config: TileConfig | None = None, loader: str = "auto", impl: str = "auto"
+):
+    """O (like q) and L (B, Nq) in fp32. ``impl`` picks the kernel: "gluon" (``forward_hopper``),
+    "triton", or "auto" -- Gluon where it can run, unless ``config`` or ``loader`` asks for the Triton
+    kernel's tiles or loads. ``config`` overrides the Triton tile table (the tuner's candidates);
+    ``loader`` picks its loads: "tma" (tensor descriptors), "blockptr", or "auto" -- TMA whenever the
+    strides allow it."""
     check_qkv(q, k, v, ndim=3, dtypes=TRITON_DTYPES, head_dims=HEAD_DIMS)
     if loader not in LOADERS:
         raise ValueError(f"loader: unknown {loader!r}; expected one of {LOADERS}")
     batch, n_q, head_dim = q.shape
     n_k = k.shape[1]
-    cfg = config or tile_config("fwd", q.dtype, head_dim, is_causal, q.device)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, n_q, dtype=torch.float32, device=q.device)
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    pinned = config is not None or loader != "auto"
+    if _uses_gluon(q, k, v, "triton" if pinned and impl == "auto" else impl):
+        heads = (t.unsqueeze(1) for t in (q, k, v, o))  # one head: (B, 1, N, D)
+        forward_hopper.forward(*heads, lse, sm_scale * LOG2E, causal=is_causal)
+        return o, lse
+    cfg = config or tile_config("fwd", q.dtype, head_dim, is_causal, q.device)
     use_tma = loader != "blockptr" and tma_ok(q, k, v, o)
     if loader == "tma" and not use_tma:
         raise ValueError("loader: 'tma' needs unit stride along D and 16-byte aligned rows in q, k and v")
     use_descriptor_scratch()
-    sm_scale = 1.0 / math.sqrt(head_dim)
     grid = (triton.cdiv(n_q, cfg.block_m) * batch,)
     _fwd_kernel[grid](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, sm_scale * LOG2E,
@@ -543,9 +572,12 @@ def flash_forward(q, k, v, is_causal: bool, config: TileConfig | None = None, lo
 
 def flash_backward(
     q, k, v, o, lse, grad_o, is_causal: bool, dq_config: TileConfig | None = None,
-    dkdv_config: TileConfig | None = None,
+    dkdv_config: TileConfig | None = None, impl: str = "auto",
 ):  # fmt: skip
-    """dQ, dK, dV from the saved O and L: Δ first, then the dK/dV and the dQ kernels."""
+    """dQ, dK, dV from the saved O and L: Δ first, then the dK/dV and the dQ kernels. ``impl`` as
+    ``flash_forward``'s: with Gluon the dK/dV kernel is ``backward_hopper``'s where it has a config
+    for D (64) and dO is TMA-addressable (a ``dkdv_config`` pins the Triton one under "auto"); dQ
+    is the Triton kernel's."""
     batch, n_q, head_dim = q.shape
     n_k = k.shape[1]
     dq_cfg = dq_config or tile_config("dq", q.dtype, head_dim, is_causal, q.device)
@@ -556,7 +588,7 @@ def flash_backward(
     # dQ, dK, dV are written with Q's, K's and V's strides: make those the contiguous ones (a no-op
     # for the usual contiguous inputs).
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq = torch.empty_like(q)
     common_args = (
         *q.stride(),
         *k.stride(),
@@ -567,12 +599,20 @@ def flash_backward(
         sm_scale * LOG2E,
         sm_scale,
     )
-    _bwd_dkdv_kernel[(triton.cdiv(n_k, dkdv_cfg.block_n), batch)](
-        q, k, v, grad_o, lse, delta, dk, dv, *common_args,
-        HEAD_DIM=head_dim, BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, CAUSAL=is_causal,
-        EVEN_N=n_k % dkdv_cfg.block_n == 0, DOT_PRECISION=precision,
-        num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages,
-    )  # fmt: skip
+    gluon = _uses_gluon(q, k, v, "triton" if dkdv_config is not None and impl == "auto" else impl)
+    if gluon and head_dim in backward_hopper.CONFIGS and tma_ok(grad_o):
+        grads = torch.empty((2, batch, 1, n_k, head_dim), dtype=k.dtype, device=k.device)
+        heads = (t.unsqueeze(1) for t in (q, k, v, lse, grad_o, delta))
+        backward_hopper.dkdv(*heads, grads, sm_scale, causal=is_causal)
+        dk, dv = grads[0, :, 0], grads[1, :, 0]
+    else:
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        _bwd_dkdv_kernel[(triton.cdiv(n_k, dkdv_cfg.block_n), batch)](
+            q, k, v, grad_o, lse, delta, dk, dv, *common_args,
+            HEAD_DIM=head_dim, BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, CAUSAL=is_causal,
+            EVEN_N=n_k % dkdv_cfg.block_n == 0, DOT_PRECISION=precision,
+            num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages,
+        )  # fmt: skip
     _bwd_dq_kernel[(triton.cdiv(n_q, dq_cfg.block_m), batch)](
         q, k, v, grad_o, lse, delta, dq, *common_args,
         HEAD_DIM=head_dim, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, CAUSAL=is_causal,
@@ -587,24 +627,27 @@ class FlashAttentionTriton(torch.autograd.Function):
     fp16 / bf16 / fp32 (fp32 dots in IEEE float32 unless ``torch.set_float32_matmul_precision``
     allows TF32), D in 16, 32, 64, 128, any Nq and Nk >= 1, any strides.
 
-    Saves Q, K, V, O and L (B, Nq) for a backward that runs in Triton too.
+    Saves Q, K, V, O and L (B, Nq) for a backward that runs in Triton too. ``impl`` ("auto",
+    "triton", "gluon"): the forward and dK/dV kernels, as ``flash_forward`` takes it.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False):
-        o, lse = flash_forward(q, k, v, bool(is_causal))
+    def forward(ctx, q, k, v, is_causal=False, impl="auto"):
+        o, lse = flash_forward(q, k, v, bool(is_causal), impl=impl)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal = bool(is_causal)
+        ctx.impl = impl
         return o
 
     @staticmethod
     def backward(ctx, grad_o):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o.contiguous(), ctx.is_causal)
-        return dq, dk, dv, None
+        dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o.contiguous(), ctx.is_causal, impl=ctx.impl)
+        return dq, dk, dv, None, None
 
 
 __all__ = [
+    "IMPLS",
     "LOADERS",
     "TUNE_CANDIDATES",
     "FlashAttentionTriton",

@@ -76,8 +76,18 @@ def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_ba
 
 
 @gluon.jit
+def _masked(s, keys, rows, Lk, CAUSAL: gl.constexpr):
+    """Scores of keys past Lk, and causal of keys past the query (top-left aligned), to -inf."""
+    keep = (keys < Lk)[None, :]
+    if CAUSAL:
+        keep = keep & (keys[None, :] <= rows[:, None])
+    return gl.where(keep, s, float("-inf"))
+
+
+@gluon.jit
 def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE, qk_scale,
-                       stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles):  # fmt: skip
+                       stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles,
+                       CAUSAL: gl.constexpr):  # fmt: skip
     # One warpgroup's 64 query rows from row_start; the tile sizes come with the buffers' types.
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[3]
@@ -92,14 +102,17 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
 
     q = q_smem.reshape([ROWS, HEAD_DIM])
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s_row_idx = row_start + gl.arange(0, ROWS, layout=s_rows)
+    # Tiles reaching past this key are masked: past Lk, and causal, past this warpgroup's first row.
+    mask_from = gl.minimum(Lk, row_start + 1) if CAUSAL else Lk
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
 
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_bars.index(0), 0)
     s = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero, use_acc=False)
-    if n_tiles == 1:
-        s = gl.where((cols < Lk)[None, :], s, float("-inf"))
+    if mask_from < BLOCK_N:
+        s = _masked(s, cols, s_row_idx, Lk, CAUSAL)
     m_i = gl.max(s, 1) * qk_scale
     p = gl.exp2(s * qk_scale - m_i[:, None])
     l_i = gl.sum(p, 1)
@@ -119,8 +132,8 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
         mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p, v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        if (j + 1) * BLOCK_N > Lk:
-            s = gl.where((j * BLOCK_N + cols < Lk)[None, :], s, float("-inf"))
+        if (j + 1) * BLOCK_N > mask_from:
+            s = _masked(s, j * BLOCK_N + cols, s_row_idx, Lk, CAUSAL)
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         p_new = gl.exp2(s * qk_scale - m_new[:, None])
         alpha = gl.exp2(m_i - m_new)
@@ -136,9 +149,8 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
     acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_DIM]), acc)
 
     acc = acc / gl.convert_layout(l_i, o_rows)[:, None]
-    rows = row_start + gl.arange(0, ROWS, layout=s_rows)
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-    gl.store(LSE + pid_bh.to(gl.int64) * Lq + rows, lse, mask=rows < Lq)
+    gl.store(LSE + pid_bh.to(gl.int64) * Lq + s_row_idx, lse, mask=s_row_idx < Lq)
     o_rows_idx = row_start + gl.arange(0, ROWS, layout=o_rows)
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     o_ptrs = (
@@ -156,7 +168,7 @@ def _attn_fwd_hopper_kernel(
     q_desc, k_desc, v_desc, O, LSE, qk_scale,
     stride_ob, stride_oh, stride_ol,
     H, Lq, Lk,
-    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
 ):  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[2]  # one warpgroup's rows: ROWS_PER_WARPGROUP
     NUM_CONSUMERS: gl.constexpr = 3  # the three softmax partitions below: SOFTMAX_WARPGROUPS
@@ -164,11 +176,19 @@ def _attn_fwd_hopper_kernel(
     dtype: gl.constexpr = q_desc.dtype
     n_m = gl.cdiv(Lq, BLOCK_M)
     pid = gl.program_id(0)
-    pid_bh = pid // n_m
-    row_start = (pid % n_m) * BLOCK_M
+    if CAUSAL:
+        # Heaviest first: the last query block of every head, then the one before; a block stops at
+        # its last row's diagonal.
+        n_bh = gl.num_programs(0) // n_m
+        pid_bh = pid % n_bh
+        row_start = (n_m - 1 - pid // n_bh) * BLOCK_M
+        n_tiles = gl.cdiv(gl.minimum(Lk, row_start + BLOCK_M), BLOCK_N)
+    else:
+        pid_bh = pid // n_m
+        row_start = (pid % n_m) * BLOCK_M
+        n_tiles = gl.cdiv(Lk, BLOCK_N)
     b = pid_bh // H
     h = pid_bh % H
-    n_tiles = gl.cdiv(Lk, BLOCK_N)
 
     q_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -190,13 +210,13 @@ def _attn_fwd_hopper_kernel(
     gl.warp_specialize(
         [
             (_softmax_partition, (q_bufs.index(0), q_bars.index(0), k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE,
-                                  qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles)),
+                                  qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles, CAUSAL)),
             (_softmax_partition, (q_bufs.index(1), q_bars.index(1), k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE,
                                   qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start + ROWS, Lq, Lk,
-                                  n_tiles)),
+                                  n_tiles, CAUSAL)),
             (_softmax_partition, (q_bufs.index(2), q_bars.index(2), k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE,
                                   qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start + 2 * ROWS, Lq, Lk,
-                                  n_tiles)),
+                                  n_tiles, CAUSAL)),
             (_load_partition, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
                                row_start, n_tiles, BLOCK_N, ROWS, NUM_CONSUMERS, STAGES)),
         ],
@@ -247,9 +267,10 @@ def config_string(head_dim: int) -> str:
 _LAUNCHES = LaunchCache(first_launch)
 
 
-def forward(q, k, v, o, lse, qk_scale: float) -> None:
+def forward(q, k, v, o, lse, qk_scale: float, causal: bool = False) -> None:
     """Write o and lse for checked q, k, v (``unsupported_reason`` None) into the allocated o
-    (B, H, Lq, D) and lse (B, H, Lq) float32. ``qk_scale`` is the softmax scale times log2(e)."""
+    (B, H, Lq, D) and lse (B, H, Lq) float32. ``qk_scale`` is the softmax scale times log2(e);
+    ``causal`` keeps key j for query i when i >= j (top-left aligned)."""
     B, H, Lq, D = q.shape
     block_n, stages = CONFIGS[D]
     grid = (triton.cdiv(Lq, BLOCK_M) * B * H,)
@@ -260,7 +281,7 @@ def forward(q, k, v, o, lse, qk_scale: float) -> None:
         grid,
         (*descriptors, o, lse),
         (float(qk_scale), o.stride(0), o.stride(1), o.stride(2), H, Lq, k.shape[2]),
-        {"HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "num_warps": 4},
+        {"HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal, "num_warps": 4},
         key_tensors=(q, k, v, o),
     )
 

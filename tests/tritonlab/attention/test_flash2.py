@@ -1,9 +1,10 @@
 """FlashAttention-2, PyTorch and Triton: O, L and dQ/dK/dV against a float64 reference.
 
 CPU: the PyTorch version directly, the Triton kernels in the interpreter in fp32/fp16 (its tl.dot
-on bf16 is not trustworthy). GPU: the compiled kernels in bf16 on block-crossing shapes, and in
-float32 against float64 at a float32 tolerance. Outputs are poisoned with NaN before each run, so a
-tile the kernel never writes shows up.
+on bf16 is not trustworthy). GPU: the compiled kernels in bf16 on block-crossing shapes -- the
+Triton kernels and, on Hopper, the Gluon ones ``impl="auto"`` takes there -- and in float32 against
+float64 at a float32 tolerance. Outputs are poisoned with NaN before each run, so a tile the kernel
+never writes shows up.
 """
 
 import pytest
@@ -24,6 +25,7 @@ from tritonlab.testing import poisoned_empty, same_layout_leaf
 
 DEVICE = kernel_device_type()
 GPU = DEVICE == "cuda"
+HOPPER = GPU and torch.cuda.get_device_capability()[0] == 9
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
@@ -51,11 +53,11 @@ def lse_of(output):
     return saved[0]
 
 
-def check_function(fn, q, k, v, grad_out, is_causal, tol):
+def check_function(fn, q, k, v, grad_out, is_causal, tol, *options):
     o_ref, lse_ref, grads_ref = reference_grads(q, k, v, grad_out, is_causal)
     q, k, v = (same_layout_leaf(t) for t in (q, k, v))
     with poisoned_empty():
-        o = fn.apply(q, k, v, is_causal)
+        o = fn.apply(q, k, v, is_causal, *options)
         lse = lse_of(o)
         grads = torch.autograd.grad(o, (q, k, v), grad_out)
     assert o.shape == q.shape and o.dtype == q.dtype
@@ -217,6 +219,17 @@ def test_flash_forward_rejects_unknown_loader():
         flash_forward(q, k, v, True, loader="cp.async")
 
 
+def test_impl_is_checked_and_gluon_is_refused_where_it_cannot_run():
+    q, k, v, _ = make_inputs(1, 9, 9, 16, torch.float32)
+    with pytest.raises(ValueError, match="impl: unknown 'cuda'"):
+        flash_forward(q, k, v, True, impl="cuda")
+    # float32 (and, without a GPU, the interpreter) has no Gluon kernel: asking for it is an error.
+    with pytest.raises(ValueError, match="impl: 'gluon' needs "):
+        FlashAttentionTriton.apply(q, k, v, True, "gluon")
+    q, k, v, grad_out = make_inputs(1, 20, 19, 16, torch.float32)
+    check_function(FlashAttentionTriton, q, k, v, grad_out, True, TOL[torch.float32], "triton")
+
+
 BAD_INPUTS = [
     ("4-D q", lambda q, k, v: (q[:, None], k, v), "q: expected 3 dimensions"),
     ("batch", lambda q, k, v: (q, k[:1], v[:1]), "k: batch size"),
@@ -258,11 +271,39 @@ GPU_CASES = [(1, 1, True), (17, 17, True), (257, 257, False), (257, 257, True), 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "impl", ["triton", pytest.param("gluon", marks=pytest.mark.skipif(not HOPPER, reason="Hopper"))]
+)
 @pytest.mark.parametrize("n_q,n_k,causal", GPU_CASES)
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_triton_gpu_bf16(n_q, n_k, causal, head_dim):
+def test_triton_gpu_bf16(n_q, n_k, causal, head_dim, impl):
     q, k, v, grad_out = make_inputs(2, n_q, n_k, head_dim, torch.bfloat16, seed=n_q + n_k)
-    check_function(FlashAttentionTriton, q, k, v, grad_out, causal, TOL[torch.bfloat16])
+    check_function(FlashAttentionTriton, q, k, v, grad_out, causal, TOL[torch.bfloat16], impl)
+
+
+# The Gluon kernels' causal bookkeeping: a 192-row query block of three 64-row warpgroups against
+# 128-key tiles (the forward), 128-key blocks of two 64-key warpgroups against 64-row query tiles
+# (dK/dV) -- lengths on and off those boundaries, Nq != Nk both ways, batch 3.
+GLUON_CAUSAL_LENGTHS = [(63, 63), (64, 64), (127, 129), (191, 191), (192, 192), (193, 193), (385, 385),
+                        (1000, 1000), (1025, 1025), (200, 1000), (1000, 200), (1, 300), (300, 1)]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (the Gluon kernels)")
+@pytest.mark.parametrize("n_q,n_k", GLUON_CAUSAL_LENGTHS)
+@pytest.mark.parametrize("head_dim,dtype", [(64, torch.bfloat16), (64, torch.float16), (128, torch.bfloat16)])
+def test_gluon_causal_matches_float64(n_q, n_k, head_dim, dtype):
+    q, k, v, grad_out = make_inputs(3, n_q, n_k, head_dim, dtype, seed=n_q * 7 + n_k)
+    check_function(FlashAttentionTriton, q, k, v, grad_out, True, TOL[dtype], "gluon")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (the Gluon kernels)")
+def test_gluon_causal_strided_inputs():
+    """q, k, v as views of one fused QKV buffer (row stride 3 D): TMA reads them in place."""
+    q, k, v = torch.randn(2, 1000, 3, 64, dtype=torch.bfloat16, device=DEVICE).unbind(2)
+    grad_out = torch.randn(2, 1000, 64, dtype=torch.bfloat16, device=DEVICE)
+    check_function(FlashAttentionTriton, q, k, v, grad_out, True, TOL[torch.bfloat16], "gluon")
 
 
 @pytest.mark.gpu

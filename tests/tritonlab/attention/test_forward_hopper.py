@@ -32,16 +32,16 @@ from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report, sass
 
 results = {}
-for d, (block_n, stages) in CONFIGS.items():
+for (d, (block_n, stages)), causal in [(c, causal) for c in CONFIGS.items() for causal in (False, True)]:
     sig = {"q_desc": desc(ROWS_PER_WARPGROUP, d), "k_desc": desc(block_n, d), "v_desc": desc(block_n, d),
            "O": "*bf16", "LSE": "*fp32", "qk_scale": "fp32", "stride_ob": "i32", "stride_oh": "i32",
            "stride_ol": "i32", "H": "i32", "Lq": "i32", "Lk": "i32",
-           "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr"}
-    consts = {"HEAD_DIM": d, "BLOCK_N": block_n, "STAGES": stages}
+           "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+    consts = {"HEAD_DIM": d, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
     out = triton.compile(GluonASTSource(_attn_fwd_hopper_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4})
     code = sass(out.asm["ptx"], "sm_90a")
-    results[d] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
+    results[f"{d}-{causal}"] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
                   **ptxas_report(out.asm["ptx"], "sm_90a"), "hgmma": len(re.findall(r"HGMMA", code))}
 print(json.dumps(results))
 """
@@ -50,7 +50,7 @@ print(json.dumps(results))
 @pytest.mark.skipif(triton_tools_missing("ptxas", "cuobjdump"), reason="needs Triton's ptxas and cuobjdump")
 def test_the_sm90a_build_is_warp_specialised_fits_and_does_not_spill():
     results = json.loads(run_without_interpreter(_BUILD).stdout.strip().splitlines()[-1])
-    assert set(results) == {str(d) for d in forward_hopper.CONFIGS}
+    assert set(results) == {f"{d}-{causal}" for d in forward_hopper.CONFIGS for causal in (False, True)}
     for d, r in results.items():
         # Three softmax warpgroups and a load warp, padded to whole warpgroups: 16 warps.
         assert r["warps"] == 16, (d, r)
