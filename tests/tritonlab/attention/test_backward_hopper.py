@@ -49,9 +49,9 @@ def test_the_sm90a_build_fits_hopper():
         # Two MMA warpgroups and a load warp, padded to whole warpgroups: 12 warps.
         assert r["warps"] == 12, (key, r)
         assert r["shared"] <= HOPPER_SHARED_MEMORY, (key, r)
-        # 12 bytes a thread measured (two fp32 accumulators, Sᵀ and dPᵀ in 168 registers); 68 with the
-        # causal mask.
-        assert r["spill_stores"] <= (80 if key.endswith("True") else 16), (key, r)
+        # 12 bytes a thread measured (two fp32 accumulators, Sᵀ and dPᵀ in 168 registers); 24 causal
+        # (the masked tiles' loop of its own).
+        assert r["spill_stores"] <= (32 if key.endswith("True") else 16), (key, r)
 
 
 @pytest.mark.gpu
