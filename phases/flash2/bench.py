@@ -190,8 +190,9 @@ def attention_impls(dtype: torch.dtype, n: int, causal: bool) -> dict[str, Calla
 
     impls = {"triton": lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal)}
     if GLUON_GPU and dtype != torch.float32:
-        # The library's call takes the Gluon kernels here; the Triton ones side by side.
+        # The library's call ("auto") beside each of its kernel families pinned.
         impls["triton-only"] = lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal, "triton")
+        impls["triton-gluon"] = lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal, "gluon")
     impls["naive"] = lambda q, k, v: naive_attention(q, k, v, mask)
     if not ON_GPU:
         impls["sdpa-math"] = sdpa(SDPA_BACKENDS["sdpa-math"])

@@ -55,8 +55,10 @@ from ._common import HEAD_DIMS, LOG2E, backward_delta, check_qkv, fits, online_s
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOADERS = ("auto", "tma", "blockptr")
-# "auto": the Gluon kernels (forward_hopper, backward_hopper's dK/dV) where they can run, else Triton.
+# "auto": the Gluon kernels (forward_hopper, backward_hopper's dK/dV) where they can run, from
+# GLUON_FROM_N keys on; else Triton.
 IMPLS = ("auto", "triton", "gluon")
+GLUON_FROM_N = 2048
 
 
 @dataclass(frozen=True)
@@ -519,8 +521,9 @@ def _bwd_dq_kernel(
 
 def _uses_gluon(q, k, v, impl: str) -> bool:
     """Whether the forward runs ``forward_hopper``'s Gluon kernel: asked for ("gluon": an error
-    naming why where it cannot run), or "auto" wherever it can -- Hopper, 16-bit, D 64 or 128,
-    TMA-addressable strides. The backward's dK/dV follows where ``backward_hopper`` has a config."""
+    naming why where it cannot run), or "auto" where it can -- Hopper, 16-bit, D 64 or 128,
+    TMA-addressable strides -- from GLUON_FROM_N keys on. The backward's dK/dV follows where
+    ``backward_hopper`` has a config."""
     if impl not in IMPLS:
         raise ValueError(f"impl: unknown {impl!r}; expected one of {IMPLS}")
     if impl == "triton":
@@ -531,7 +534,7 @@ def _uses_gluon(q, k, v, impl: str) -> bool:
         reason = forward_hopper.unsupported_reason(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
     if impl == "gluon" and reason is not None:
         raise ValueError(f"impl: 'gluon' needs {reason}")
-    return reason is None
+    return reason is None and (impl == "gluon" or k.shape[1] >= GLUON_FROM_N)
 
 
 def flash_forward(
@@ -599,6 +602,13 @@ def flash_backward(
         sm_scale * LOG2E,
         sm_scale,
     )
+    # dQ first: the GPU runs it while the host builds the Gluon kernel's descriptors.
+    _bwd_dq_kernel[(triton.cdiv(n_q, dq_cfg.block_m), batch)](
+        q, k, v, grad_o, lse, delta, dq, *common_args,
+        HEAD_DIM=head_dim, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, CAUSAL=is_causal,
+        EVEN_M=n_q % dq_cfg.block_m == 0, DOT_PRECISION=precision,
+        num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
+    )  # fmt: skip
     gluon = _uses_gluon(q, k, v, "triton" if dkdv_config is not None and impl == "auto" else impl)
     if gluon and head_dim in backward_hopper.CONFIGS and tma_ok(grad_o):
         grads = torch.empty((2, batch, 1, n_k, head_dim), dtype=k.dtype, device=k.device)
@@ -613,12 +623,6 @@ def flash_backward(
             EVEN_N=n_k % dkdv_cfg.block_n == 0, DOT_PRECISION=precision,
             num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages,
         )  # fmt: skip
-    _bwd_dq_kernel[(triton.cdiv(n_q, dq_cfg.block_m), batch)](
-        q, k, v, grad_o, lse, delta, dq, *common_args,
-        HEAD_DIM=head_dim, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, CAUSAL=is_causal,
-        EVEN_M=n_q % dq_cfg.block_m == 0, DOT_PRECISION=precision,
-        num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
-    )  # fmt: skip
     return dq, dk, dv
 
 

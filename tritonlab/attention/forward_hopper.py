@@ -31,6 +31,8 @@ Gluon kernels do not run in Triton's interpreter: ``forward.py``'s Triton kernel
 everywhere else, and this one is tested on the GPU and built for sm_90a on the CPU.
 """
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -236,11 +238,16 @@ def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
 
+@functools.cache
+def _shared_layout(block: tuple, dtype: torch.dtype):
+    # Built once per tile shape and dtype: a few microseconds of host time per descriptor otherwise.
+    return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
+
+
 def descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     """A (B, H, L, D) tensor's TMA descriptor, tiles of ``block_rows`` rows of one head."""
-    block = [1, 1, block_rows, t.shape[-1]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(t.dtype))
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    block = (1, 1, block_rows, t.shape[-1])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _shared_layout(block, t.dtype))
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
