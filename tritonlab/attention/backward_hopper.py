@@ -15,7 +15,10 @@ soon as Sᵀ lands and issues dV += Pᵀ dO (Pᵀ from registers) while it waits
 dK += dSᵀ Q.
 
 Rows past Lq or Lk read as zeros (4-D TMA descriptors over the caller's strides); padding query
-rows get lse = +inf, so their P is 0. Hopper only, 16-bit, D = 64; tested on the GPU and built for
+rows get lse = +inf, so their P is 0. Causal (``CAUSAL``, top-left aligned; flash2 takes it): a
+key block's query tiles start at its first key, the tiles that cross a warpgroup's diagonal run
+masked in a loop of their own (the mask inside the main loop spilled 68 bytes a thread against
+24), and the grid runs the first key blocks of every head first (they meet the most queries). Hopper only, 16-bit, D = 64; tested on the GPU and built for
 sm_90a on the CPU (Gluon does not run in Triton's interpreter).
 """
 

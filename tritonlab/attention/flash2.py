@@ -32,6 +32,11 @@ What carries the forward's speed:
 - tiles move through Hopper's TMA copy engine (tensor descriptors), which also does the bounds
   checks, whenever the strides allow it; other strides fall back to block pointers.
 
+On Hopper, for 16-bit inputs at D 64 or 128 with TMA-addressable strides, from GLUON_FROM_N keys
+on, the forward is ``forward_hopper``'s warp-specialised Gluon kernel and the dK/dV pass (D = 64)
+``backward_hopper``'s, both with the causal mask on the diagonal tiles only; dQ stays this
+module's Triton kernel. ``impl`` ("auto", "triton", "gluon") pins a family.
+
 Tiles come from the tuned-config table for the GPU where it has an entry (``tritonlab.tuning_tables``,
 written by phase 11 from ``TUNE_CANDIDATES``; ``TRITONLAB_AUTOTUNE=off`` or ``full`` skip it), else
 from a table per kernel here (measured with ``python -m phases flash2 flash-bench --tune``), shrunk

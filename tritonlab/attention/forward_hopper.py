@@ -26,6 +26,12 @@ model's strided q, k, v are read in place and every row past Lq or Lk of its hea
 the score columns past Lk are masked to -inf on the last tile only. o is written with plain stores
 (masked rows), lse per row.
 
+Causal (``CAUSAL``, key j kept for query i when i >= j, top-left aligned; flash2 takes it): a
+program stops at its last row's diagonal, each warpgroup masks only the tiles that reach past its
+first row, and the grid runs the longest programs first (the last query block of every head, then
+the one before). The three warpgroups share one K/V ring, so the two upper ones also run the one or
+two fully masked tiles the lowest needs (P = 0 there).
+
 Hopper only (sm_90), 16-bit inputs, D in 64 or 128, TMA-addressable strides (``unsupported_reason``).
 Gluon kernels do not run in Triton's interpreter: ``forward.py``'s Triton kernel is the path
 everywhere else, and this one is tested on the GPU and built for sm_90a on the CPU.
