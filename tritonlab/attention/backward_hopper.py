@@ -149,6 +149,7 @@ def _dkdv_kernel(
     q_desc, k_desc, v_desc, do_desc, LSE, DELTA, GRADS, scale, qk_scale,
     stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
+    REGS: gl.constexpr = 168,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
@@ -200,31 +201,36 @@ def _dkdv_kernel(
                           BLOCK_M, STAGES)),
         ],
         [4, 1],
-        [168, 24],
+        [REGS, 24],
     )  # fmt: skip
 
 
-# (BLOCK_M: the query tile, STAGES), per D; measured on the H100 at mid: 2 stages 3.30 ms, 3 stages
-# 3.54. At D = 128 the two accumulators spill (~600 bytes a thread), so D = 64 only.
-CONFIGS = {64: (64, 2)}
+# (BLOCK_M: the query tile, STAGES, REGS: the registers a thread of the second MMA warpgroup asks
+# for), per D; measured on the H100 at mid: 2 stages 3.30 ms, 3 stages 3.54 (at 168 registers).
+CONFIGS = {64: (64, 2, 168)}
 
 
 def config_string(head_dim: int) -> str:
     """The dK/dV launch's config at ``head_dim``, as rows record it."""
-    block_m, stages = CONFIGS[head_dim]
-    return f"gluon:BLOCK_N={ROWS * WARPGROUPS},BLOCK_M={block_m},stages={stages},warpgroups={WARPGROUPS}+load"
+    block_m, stages, regs = CONFIGS[head_dim]
+    return (
+        f"gluon:BLOCK_N={ROWS * WARPGROUPS},BLOCK_M={block_m},stages={stages},regs={regs},"
+        f"warpgroups={WARPGROUPS}+load"
+    )
 
 
 _LAUNCHES = LaunchCache(first_launch)
 
 
-def dkdv(q, k, v, lse, do, delta, grads, scale: float, causal: bool = False) -> None:
+def dkdv(
+    q, k, v, lse, do, delta, grads, scale: float, causal: bool = False, config: tuple | None = None
+) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes at D = 64;
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
-    keeps key j for query i when i >= j (top-left aligned)."""
+    keeps key j for query i when i >= j (top-left aligned). ``config`` overrides ``CONFIGS[D]``."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
-    block_m, stages = CONFIGS[D]
+    block_m, stages, regs = config or CONFIGS[D]
     launch(
         _LAUNCHES,
         _dkdv_kernel,
@@ -239,7 +245,7 @@ def dkdv(q, k, v, lse, do, delta, grads, scale: float, causal: bool = False) -> 
             grads,
         ),
         (float(scale), float(scale * LOG2E), *grads.stride()[:4], H, Lq, Lk),
-        {"HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "num_warps": 4},
+        {"HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs, "num_warps": 4},
         key_tensors=(q, k, v, do, grads),
     )
 
