@@ -60,9 +60,20 @@ class CrossEntropySettings:
     programs_per_sm: float = 1.0
     # With a softcap up to SOFTCAP_FIXED_MAX: take it as the row's max (``_row_stats``).
     fixed_max: bool = True
+    # Sweep 2 writes the target's element after the row, not through a comparison a logit.
+    target_fixup: bool = True
+    # The options' sweep 1 runs its last, partial block apart, its full blocks without a mask.
+    peel: bool = True
+    # The fixed max's sweep 1 computes every other exponential with FMAs (``_exp2_split``).
+    poly_exp2: bool = False
 
     def block_v(self, element_size: int) -> int:
         return triton.next_power_of_2(max(16, self.block_bytes // element_size))
+
+    def tile_cols(self, element_size: int) -> int:
+        """The columns of the options' sweep-1 tile (``_row_stats``): one 16-byte vector for each of
+        the program's threads, at most the block."""
+        return min(self.block_v(element_size), self.num_warps * 32 * max(1, 16 // element_size))
 
     def uses_fixed_max(self, softcap: float | None) -> bool:
         """Whether the softcapped sweep takes the softcap as the row's max (``_row_stats``) here."""
@@ -159,6 +170,10 @@ def _cross_entropy_fwd_kernel(
     HAS_ZLOSS: tl.constexpr = False,
     FAST_TANH: tl.constexpr = False,
     FIXED_MAX: tl.constexpr = False,
+    TARGET_FIXUP: tl.constexpr = True,
+    TILE_COLS: tl.constexpr = None,
+    PEEL: tl.constexpr = True,
+    POLY_EXP2: tl.constexpr = False,
 ):
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -168,8 +183,9 @@ def _cross_entropy_fwd_kernel(
         if HAS_WEIGHT or HAS_SMOOTHING or HAS_SOFTCAP or HAS_ZLOSS:
             _options_row(
                 row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols,
-                stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
-                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
+                stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP, PEEL,
+                POLY_EXP2,
             )  # fmt: skip
         else:
             _plain_row(
@@ -184,12 +200,24 @@ def _cross_entropy_fwd_kernel(
                 stride_grad,
                 COMPUTE_GRAD,
                 BLOCK_V,
+                TARGET_FIXUP,
             )
 
 
 @triton.jit
 def _plain_row(
-    row_logits, target, ignored, row, LOSS, GRAD, inv_n, n_cols, stride_grad, COMPUTE_GRAD, BLOCK_V
+    row_logits,
+    target,
+    ignored,
+    row,
+    LOSS,
+    GRAD,
+    inv_n,
+    n_cols,
+    stride_grad,
+    COMPUTE_GRAD,
+    BLOCK_V,
+    TARGET_FIXUP,
 ):
     """One row without options: ``loss = lse - x[t]``, ``grad = (softmax(x) - onehot(t)) * scale``."""
     # Sweep 1: online logsumexp.
@@ -209,8 +237,25 @@ def _plain_row(
             # (a new name: reusing sweep 1's `x` would make it a loop-carried variable of another type)
             logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
             p = tl.exp(logit.to(tl.float32) - lse)
-            g = tl.where(cols == target, p - 1.0, p) * scale
+            g = p * scale
+            if not TARGET_FIXUP:
+                g = tl.where(cols == target, g - scale, g)
             tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+        if TARGET_FIXUP:
+            _store_target_grad(
+                row_grad, target, ~ignored & ~bad, (tl.exp(x_target - lse) - 1.0) * scale, GRAD
+            )
+
+
+@triton.jit
+def _store_target_grad(row_grad, target, read, g_target, GRAD):
+    """Sweep 2 writes every column without the one-hot term (no per-logit comparison with the
+    target: with an int64 target that was 4-5 instructions a logit of the sweep's ~16 in the sm_90
+    SASS); the target's element is then written again, with it, after a barrier: ``bar.sync``
+    orders the program's global stores, so this store lands after the sweep's store of the same
+    element by whichever thread made it."""
+    tl.debug_barrier()
+    tl.store(row_grad + target, g_target.to(GRAD.dtype.element_ty), mask=read)
 
 
 @triton.jit
@@ -244,6 +289,60 @@ def _exp2(x):
         return tl.exp2(x)
 
 
+# 2**f on [-1/2, 1/2], degree 5, fitted for relative error: at most 2.1e-7 (2**-22.2) in float32 Horner
+# form, the size of ex2.approx.f32's own error (PTX ISA: 2**-22).
+_P0 = tl.constexpr(1.0000001192092896)
+_P1 = tl.constexpr(0.6931469440460205)
+_P2 = tl.constexpr(0.24022120237350464)
+_P3 = tl.constexpr(0.05550713092088699)
+_P4 = tl.constexpr(0.009675541892647743)
+_P5 = tl.constexpr(0.001327647129073739)
+_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: y + it, rounded, holds round(y) in its low bits
+_EXP2_PAIR = tl.constexpr("""{
+.reg .f32 t, j, f, p;
+.reg .b32 pb, tb;
+ex2.approx.ftz.f32 $0, $2;
+add.rn.f32 t, $3, 0f4B400000;
+sub.rn.f32 j, t, 0f4B400000;
+sub.rn.f32 f, $3, j;
+fma.rn.f32 p, f, 0f3AAE0472, 0f3C1E862A;
+fma.rn.f32 p, p, f, 0f3D635B72;
+fma.rn.f32 p, p, f, 0f3E75FC8C;
+fma.rn.f32 p, p, f, 0f3F317214;
+fma.rn.f32 p, p, f, 0f3F800001;
+mov.b32 pb, p;
+mov.b32 tb, t;
+mad.lo.u32 pb, tb, 8388608, pb;
+mov.b32 p, pb;
+fma.rn.f32 $1, $3, 0f00000000, p;
+}""")
+
+
+@triton.jit
+def _exp2_poly(y):
+    """2**y for -126 < y < 2**22 with FMAs alone: y = j + f, j = round(y), |f| <= 1/2 (Cody-Waite with
+    the 1.5 * 2**23 rounding trick), 2**f by the degree-5 polynomial, j added to its exponent field."""
+    t = y + _ROUND
+    f = y - (t - _ROUND)
+    p = ((((_P5 * f + _P4) * f + _P3) * f + _P2) * f + _P1) * f + _P0
+    bits = p.to(tl.uint32, bitcast=True) + (t.to(tl.uint32, bitcast=True) << 23)
+    return bits.to(tl.float32, bitcast=True) + y * 0.0  # (a NaN y stays NaN)
+
+
+@triton.jit
+def _exp2_split(y, POLY: tl.constexpr):
+    """2**y, -126 < y <= 0, for the fixed max's sweep 1, which would wait on the special-function
+    unit: tanh and exp2 a logit, 16 such ops a clock per SM against 128 FMAs. With ``POLY`` every
+    other element takes ``_exp2_poly`` (10 FMA-pipe instructions) instead of ``ex2.approx``, in one
+    inline-assembly pair so the split is exact; the interpreter takes the polynomial for all."""
+    if not POLY:
+        return _exp2(y)
+    elif _FTZ_EXP:
+        return tl.inline_asm_elementwise(_EXP2_PAIR, "=r,=r,r,r", [y], dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        return _exp2_poly(y)
+
+
 @triton.jit
 def _softcapped(x, softcap, mask, HAS_SOFTCAP: tl.constexpr, FAST_TANH: tl.constexpr):
     """z = softcap * tanh(x / softcap) where ``mask``, -inf elsewhere; without a softcap z = x."""
@@ -261,65 +360,98 @@ def _add_pair(a, b, c, d):
 
 
 @triton.jit
+def _stats_block(
+    x, offs, block_start, n_cols, WEIGHT, softcap, running_max, running_sum, lane_exp, lane_z, MASKED: tl.constexpr,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, FIXED_MAX, POLY_EXP2,
+):  # fmt: skip
+    """One block of ``_row_stats``: its logits ``x`` (-inf past the row) at ``block_start + offs``;
+    ``MASKED``: the block may end past the row."""
+    mask = offs < n_cols - block_start
+    cap_log2 = softcap * LOG2E
+    if FIXED_MAX:
+        # exp(z - softcap) = 2**(t * softcap * log2(e) - softcap * log2(e)): one FMA before the exp2
+        t = _tanh(x.to(tl.float32) * (1.0 / softcap), FAST_TANH)
+        e = _exp2_split(t * cap_log2 - cap_log2, POLY_EXP2)
+        if MASKED:
+            e = tl.where(mask, e, 0.0)  # tanh(-inf) = -1: no zero by itself
+        lane_exp += tl.sum(e, axis=0)
+        zs = t  # the softcap's factor goes on once, at the end
+    else:
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(x.to(tl.float32) * (1.0 / softcap), FAST_TANH)
+            if MASKED:
+                z = tl.where(mask, z, float("-inf"))
+        else:
+            z = x.to(tl.float32)
+        new_max = tl.maximum(running_max, tl.max(tl.max(z, axis=0), axis=0))
+        block_sum = tl.sum(tl.sum(tl.exp(z - new_max), axis=0), axis=0)
+        running_sum = running_sum * tl.exp(running_max - new_max) + block_sum
+        running_max = new_max
+        zs = z
+    if HAS_SMOOTHING:
+        if MASKED:
+            zs = tl.where(mask, zs, 0.0)
+        if HAS_WEIGHT:
+            zs *= tl.load(WEIGHT + block_start + offs, mask=mask, other=0.0).to(tl.float32)
+        lane_z += tl.sum(zs, axis=0)
+    return running_max, running_sum, lane_exp, lane_z
+
+
+@triton.jit
 def _row_stats(
-    row_logits, WEIGHT, n_cols, softcap, BLOCK_V, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, FIXED_MAX
-):
+    row_logits, WEIGHT, n_cols, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH,
+    FIXED_MAX, PEEL, POLY_EXP2,
+):  # fmt: skip
     """Sweep 1 with options: (logsumexp(z), sum over classes of w_c * z_c) for z the (softcapped)
     logits; the sum only with label smoothing (w_c = 1 without a weight). Prefetches like
     ``_row_logsumexp``, whose running max it keeps -- except with ``FIXED_MAX`` (the softcap):
     z = softcap * tanh(x / softcap) never exceeds the softcap, so that is the max: no running max, no
-    rescaling, and both sums accumulate per lane, reduced once a row instead of once a block (no
-    barrier left in the sweep). exp(z - softcap) >= exp(-2 softcap) stays a normal float32 while
-    softcap <= SOFTCAP_FIXED_MAX."""
-    cols = tl.arange(0, BLOCK_V)
-    x = tl.load(row_logits + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_last")
-    if FIXED_MAX:
-        lane_exp = tl.zeros([BLOCK_V], dtype=tl.float32)
-        lane_t = tl.zeros([BLOCK_V], dtype=tl.float32)
-    cap_log2 = softcap * LOG2E
+    rescaling, and the exponentials' sum accumulates per lane, reduced once a row instead of once a
+    block (no barrier left in the sweep). exp(z - softcap) >= exp(-2 softcap) stays a normal float32
+    while softcap <= SOFTCAP_FIXED_MAX.
+
+    Each block is a [BLOCK_V // TILE_COLS, TILE_COLS] tile of the contiguous row (offset
+    r * TILE_COLS + c), TILE_COLS the columns one pass of the program's threads covers with 16-byte
+    vectors: Triton's blocked layout then keeps the tile's rows inside each thread, so a sum over
+    axis 0 is adds within the thread, and the per-lane sums (the smoothing's logits, the fixed max's
+    exponentials) are [TILE_COLS] vectors -- 8 float32 registers a thread for bf16 at 32 warps,
+    whatever the block's size -- reduced across the program once a row."""
+    offs = tl.arange(0, BLOCK_V // TILE_COLS)[:, None] * TILE_COLS + tl.arange(0, TILE_COLS)[None, :]
+    x = tl.load(row_logits + offs, mask=offs < n_cols, other=float("-inf"), eviction_policy="evict_last")
+    lane_exp = tl.zeros([TILE_COLS], dtype=tl.float32)
+    lane_z = tl.zeros([TILE_COLS], dtype=tl.float32)
     running_max = float("-inf")
     running_sum = 0.0
-    weighted_z = 0.0
-    for start in range(BLOCK_V, n_cols + BLOCK_V, BLOCK_V):
-        next_cols = start + tl.arange(0, BLOCK_V)
+    # The full blocks take no mask (no select a logit); the last, partial block after the loop does.
+    n_full = n_cols // BLOCK_V if PEEL else tl.cdiv(n_cols, BLOCK_V)
+    for start in range(BLOCK_V, (n_full + 1) * BLOCK_V, BLOCK_V):
         x_next = tl.load(
-            row_logits + next_cols, mask=next_cols < n_cols, other=float("-inf"), eviction_policy="evict_last"
+            row_logits + start + offs,
+            mask=offs < n_cols - start,
+            other=float("-inf"),
+            eviction_policy="evict_last",
         )
-        mask = cols < n_cols
-        if FIXED_MAX:
-            # exp(z - softcap) = 2**(t * softcap * log2(e) - softcap * log2(e)): one FMA before the exp2
-            t = _tanh(x.to(tl.float32) * (1.0 / softcap), FAST_TANH)
-            lane_exp += tl.where(mask, _exp2(t * cap_log2 - cap_log2), 0.0)
-            if HAS_SMOOTHING:
-                ts = tl.where(mask, t, 0.0)  # the softcap's factor goes on once, at the end
-                if HAS_WEIGHT:
-                    ts *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
-                lane_t += ts
-        else:
-            z = _softcapped(x.to(tl.float32), softcap, mask, HAS_SOFTCAP, FAST_TANH)
-            new_max = tl.maximum(running_max, tl.max(z, axis=0))
-            if HAS_SMOOTHING:
-                # One two-operand reduction for the exponentials' and the logits' sums: one pass through
-                # shared memory and its barriers instead of two.
-                zs = tl.where(mask, z, 0.0)
-                if HAS_WEIGHT:
-                    zs *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
-                block_sum, block_z = tl.reduce((tl.exp(z - new_max), zs), 0, _add_pair)
-                weighted_z += block_z
-            else:
-                block_sum = tl.sum(tl.exp(z - new_max), axis=0)
-            running_sum = running_sum * tl.exp(running_max - new_max) + block_sum
-            running_max = new_max
+        running_max, running_sum, lane_exp, lane_z = _stats_block(
+            x, offs, start - BLOCK_V, n_cols, WEIGHT, softcap, running_max, running_sum,
+            lane_exp, lane_z, not PEEL, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, FIXED_MAX, POLY_EXP2,
+        )  # fmt: skip
         x = x_next
-        cols = next_cols
+    if PEEL and n_cols > n_full * BLOCK_V:
+        running_max, running_sum, lane_exp, lane_z = _stats_block(
+            x, offs, n_full * BLOCK_V, n_cols, WEIGHT, softcap, running_max, running_sum,
+            lane_exp, lane_z, True, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, FIXED_MAX, POLY_EXP2,
+        )  # fmt: skip
+    weighted_z = 0.0
     if FIXED_MAX:
         if HAS_SMOOTHING:
-            sum_exp, sum_t = tl.reduce((lane_exp, lane_t), 0, _add_pair)
+            sum_exp, sum_t = tl.reduce((lane_exp, lane_z), 0, _add_pair)
             weighted_z = softcap * sum_t
         else:
             sum_exp = tl.sum(lane_exp, axis=0)
         lse = softcap + tl.log(sum_exp)
     else:
+        if HAS_SMOOTHING:
+            weighted_z = tl.sum(lane_z, axis=0)
         lse = running_max + tl.log(running_sum)
     return lse, weighted_z
 
@@ -327,8 +459,8 @@ def _row_stats(
 @triton.jit
 def _options_row(
     row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols, stride_grad,
-    smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V,
-    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX,
+    smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP, PEEL, POLY_EXP2,
 ):  # fmt: skip
     """One row with options, z the (softcapped) logits, w the class weights (1 without), eps the
     smoothing, C = n_cols, W = sum of w:
@@ -345,11 +477,14 @@ def _options_row(
         n_cols,
         softcap,
         BLOCK_V,
+        TILE_COLS,
         HAS_WEIGHT,
         HAS_SMOOTHING,
         HAS_SOFTCAP,
         FAST_TANH,
         FIXED_MAX,
+        PEEL,
+        POLY_EXP2,
     )
     bad = ~ignored & ((target < 0) | (target >= n_cols))
     read = ~ignored & ~bad
@@ -400,7 +535,8 @@ def _options_row(
                 g = _exp2(t * cap_log2 - lse_log2) * p_scale
             else:
                 g = tl.exp(logit.to(tl.float32) - lse) * p_scale
-            g = tl.where(cols == target, g - hit_scale, g)
+            if not TARGET_FIXUP:
+                g = tl.where(cols == target, g - hit_scale, g)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
                     g -= spread * tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
@@ -409,6 +545,21 @@ def _options_row(
             if HAS_SOFTCAP:
                 g *= 1.0 - t * t
             tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+        if TARGET_FIXUP:
+            # The target's element, from the same formula on its logit (read before this sweep).
+            if HAS_SOFTCAP:
+                t_target = _tanh(x_target * (1.0 / softcap), FAST_TANH)
+                g_target = _exp2(t_target * cap_log2 - lse_log2) * p_scale - hit_scale
+            else:
+                g_target = tl.exp(x_target - lse) * p_scale - hit_scale
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    g_target -= spread * w_target
+                else:
+                    g_target -= spread
+            if HAS_SOFTCAP:
+                g_target *= 1.0 - t_target * t_target
+            _store_target_grad(row_grad, target, read, g_target, GRAD)
 
 
 @triton.jit
@@ -536,6 +687,9 @@ class CrossEntropyFunction(torch.autograd.Function):
                 HAS_ZLOSS=options.lse_square_scale != 0.0,
                 FAST_TANH=fast_tanh(rows.dtype),
                 FIXED_MAX=settings.uses_fixed_max(options.softcap),
+                TILE_COLS=settings.tile_cols(rows.element_size()),
+                PEEL=settings.peel,
+                POLY_EXP2=settings.poly_exp2,
             )
         _launch(
             _cross_entropy_fwd_kernel,
@@ -546,6 +700,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                 MEAN=reduction == "mean",
                 COMPUTE_GRAD=compute_grad,
                 BLOCK_V=settings.block_v(rows.element_size()),
+                TARGET_FIXUP=settings.target_fixup,
                 num_warps=settings.num_warps,
                 **option_args,
             ),

@@ -18,16 +18,20 @@ from tritonlab.tuning import sass
 BLOCK_V, WARPS = 32768, 32  # the H100's bf16 launch (CrossEntropySettings)
 signature = {"LOGITS": "*bf16", "TARGET": "*i64", "LOSS": "*fp32", "GRAD": "*bf16", "N_VALID": "*i32",
              "n_rows": "i32", "n_cols": "i32", "stride_logits": "i64", "stride_grad": "i64",
-             "ignore_index": "i32", "MEAN": "constexpr", "COMPUTE_GRAD": "constexpr", "BLOCK_V": "constexpr"}
-constants = {"MEAN": True, "COMPUTE_GRAD": True, "BLOCK_V": BLOCK_V}
+             "ignore_index": "i32", "MEAN": "constexpr", "COMPUTE_GRAD": "constexpr", "BLOCK_V": "constexpr",
+             "TARGET_FIXUP": "constexpr"}
+constants = {"MEAN": True, "COMPUTE_GRAD": True, "BLOCK_V": BLOCK_V, "TARGET_FIXUP": True}
 results = {}
 for name, fast in (("plain", None), ("softcap", False), ("softcap-fast", True)):
     sig, consts = dict(signature), dict(constants)
     if fast is not None:
         sig.update({"WEIGHT": "constexpr", "WEIGHT_STATS": "constexpr", "smoothing": "fp32",
                     "softcap": "fp32", "lse_square_scale": "fp32", "HAS_SOFTCAP": "constexpr",
-                    "FAST_TANH": "constexpr"})
-        consts.update({"WEIGHT": None, "WEIGHT_STATS": None, "HAS_SOFTCAP": True, "FAST_TANH": fast})
+                    "FAST_TANH": "constexpr", "TILE_COLS": "constexpr", "PEEL": "constexpr",
+                    "POLY_EXP2": "constexpr"})
+        # (unpeeled: the peeled sweep 1 compiles its block twice, doubling the count, not the work)
+        consts.update({"WEIGHT": None, "WEIGHT_STATS": None, "HAS_SOFTCAP": True, "FAST_TANH": fast,
+                       "TILE_COLS": 8192, "PEEL": False, "POLY_EXP2": False})
     out = triton.compile(ASTSource(_cross_entropy_fwd_kernel, signature=sig, constexprs=consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
     mufu = collections.Counter(re.findall(r"MUFU\.(\w+)", sass(out.asm["ptx"], "sm_90a")))
@@ -69,8 +73,13 @@ results = {}
 for name, settings in (("default", DEFAULT_SETTINGS), ("options", OPTIONS_SETTINGS)):
     consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=settings.block_v(2), WEIGHT=None, WEIGHT_STATS=None,
                   HAS_WEIGHT=False, HAS_SMOOTHING=True, HAS_SOFTCAP=True, HAS_ZLOSS=True, FAST_TANH=True,
-                  FIXED_MAX=False)
-    out = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts),
+                  FIXED_MAX=True, TILE_COLS=settings.tile_cols(2), PEEL=settings.peel, TARGET_FIXUP=True,
+                  POLY_EXP2=settings.poly_exp2)
+    # The GPU's specialisation at 16384 x 128256: 16-byte aligned pointers, sizes and strides divisible by 16.
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in
+             ("LOGITS", "TARGET", "LOSS", "GRAD", "N_VALID", "n_rows", "n_cols", "stride_logits", "stride_grad")}
+    out = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts,
+                                   attrs=attrs),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": settings.num_warps})
     results[name] = ptxas_report(out.asm["ptx"], "sm_90a")["spill_stores"]
 print(json.dumps(results))
@@ -81,8 +90,8 @@ print(json.dumps(results))
 def test_the_options_kernel_spills_nothing_at_its_own_settings():
     # The subprocess runs without the interpreter, so it reads the GPU's settings.
     spills = json.loads(run_without_interpreter(_SPILLS).stdout.strip().splitlines()[-1])
-    # Every option on with the running max: the plain loss's 64 KB blocks at 32 warps spill; 32 KB
-    # blocks do not.
+    # Every option on with the softcap's fixed max (softcap <= 40): the plain loss's 64 KB blocks at 32
+    # warps spill; 32 KB blocks do not.
     assert spills["default"] > 0 and spills["options"] == 0, spills
 
 
@@ -112,7 +121,8 @@ out = {}
 for fixed in (True, False):
     consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=OPTIONS_SETTINGS.block_v(2), WEIGHT=None,
                   WEIGHT_STATS=None, HAS_WEIGHT=False, HAS_SMOOTHING=False, HAS_SOFTCAP=True, HAS_ZLOSS=False,
-                  FAST_TANH=True, FIXED_MAX=fixed)
+                  FAST_TANH=True, FIXED_MAX=fixed, TILE_COLS=OPTIONS_SETTINGS.tile_cols(2), PEEL=True,
+                  TARGET_FIXUP=True, POLY_EXP2=False)
     compiled = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}},
                                         constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": OPTIONS_SETTINGS.num_warps})

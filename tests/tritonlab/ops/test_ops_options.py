@@ -15,6 +15,8 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from tritonlab.ops import GEGLU, CrossEntropyLoss, RMSNorm, cross_entropy, geglu, rms_norm
 from tritonlab.ops.cross_entropy import (
@@ -22,6 +24,8 @@ from tritonlab.ops.cross_entropy import (
     SOFTCAP_FIXED_MAX,
     CrossEntropyFunction,
     CrossEntropyOptions,
+    CrossEntropySettings,
+    _exp2_poly,
 )
 from tritonlab.testing import rel_err
 
@@ -185,6 +189,77 @@ def test_cross_entropy_softcap_with_the_fixed_and_the_running_max(softcap, fixed
     ref = cross_entropy_ref(xr, target, label_smoothing=0.1, softcap=softcap)
     (grad_ref,) = torch.autograd.grad(ref, xr)
     assert rel_err(loss, ref) < FP32_TOL and rel_err(grad, grad_ref) < FP32_TOL
+
+
+# Sweep 1's tile rows kept in each thread (one warp: 32 x 16-byte columns, so 4 tile rows at the
+# interpreter's 2 KB blocks), the last block peeled off or not, every other exponential as a
+# polynomial (the interpreter takes it for all), the target's gradient through the comparison a
+# logit instead of its store after the row.
+_VARIANT_SETTINGS = {
+    "tiled": dict(block_bytes=2048, num_warps=1),
+    "tiled, unpeeled": dict(block_bytes=2048, num_warps=1, peel=False),
+    "tiled, poly exp2": dict(block_bytes=2048, num_warps=1, poly_exp2=True),
+    "target compared": dict(block_bytes=2048, num_warps=1, target_fixup=False),
+}
+
+
+@pytest.mark.parametrize("variant", list(_VARIANT_SETTINGS))
+@pytest.mark.parametrize("option", ["weight+smoothing", "softcap", "all"])
+@pytest.mark.parametrize("vocab", [123, 4096, 4097])
+def test_cross_entropy_options_settings_variants_match_float64(variant, option, vocab):
+    """Every settings variant of the options kernel against float64: vocab 4096 fills its last
+    block exactly (fp32: 512 logits a block), 4097 leaves one logit in it, 123 never fills one."""
+    logits, target, kwargs = _case(5, vocab, torch.float32, option, seed=4)
+    if option != "all":
+        kwargs["softcap"] = 30.0  # the fixed max
+    settings = CrossEntropySettings(**_VARIANT_SETTINGS[variant])
+    options = CrossEntropyOptions(
+        kwargs.get("weight"), kwargs.get("label_smoothing", 0.0), kwargs.get("softcap"),
+        kwargs.get("lse_square_scale", 0.0),
+    )  # fmt: skip
+    x = leaf(logits)
+    loss = CrossEntropyFunction.apply(x, target, IGNORE, "mean", False, True, settings, options)
+    (grad,) = torch.autograd.grad(loss, x)
+    xr = f64(logits)
+    ref_kwargs = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    ref = cross_entropy_ref(xr, target, **ref_kwargs)
+    (grad_ref,) = torch.autograd.grad(ref, xr)
+    assert rel_err(loss, ref) < FP32_TOL and rel_err(grad, grad_ref) < FP32_TOL
+    assert torch.all(grad[1] == 0)  # the ignored row: no target store
+
+
+def test_cross_entropy_plain_target_store_matches_the_comparison():
+    logits, target, _ = _case(6, 1500, torch.float32, "softcap", seed=5)
+    grads = []
+    for fixup in (True, False):
+        x = leaf(logits)
+        settings = CrossEntropySettings(block_bytes=2048, num_warps=1, target_fixup=fixup)
+        loss = CrossEntropyFunction.apply(x, target, IGNORE, "sum", False, True, settings, None)
+        grads.append(torch.autograd.grad(loss, x)[0])
+    assert torch.equal(grads[0], grads[1])
+    xr = f64(logits)
+    (grad_ref,) = torch.autograd.grad(F.cross_entropy(xr, target, reduction="sum"), xr)
+    assert rel_err(grads[0], grad_ref) < FP32_TOL
+
+
+@triton.jit
+def _exp2_poly_kernel(Y, OUT, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(OUT + offs, _exp2_poly(tl.load(Y + offs, mask=offs < n)), mask=offs < n)
+
+
+def test_exp2_polynomial_is_float32_accurate():
+    """The FMA-only 2**y of the fixed max's sweep 1 over its whole range (y in [-126, 0]), against
+    float64: within 2.5e-7 relative (ex2.approx.f32's own bound is 2**-22, 2.4e-7); NaN stays NaN."""
+    gen = torch.Generator().manual_seed(6)
+    y = torch.cat([-126 * torch.rand(20000, generator=gen), torch.arange(-125, 1).float(),
+                   torch.arange(-125, 1).float() - 0.5, torch.tensor([0.0, -1e-30, float("nan")])])  # fmt: skip
+    out = torch.empty_like(y)
+    _exp2_poly_kernel[(triton.cdiv(y.numel(), 1024),)](y, out, y.numel(), BLOCK=1024)
+    ref = torch.exp2(y.double())
+    err = ((out[:-1].double() - ref[:-1]) / ref[:-1]).abs().max().item()
+    assert err < 2.5e-7, err
+    assert torch.isnan(out[-1])
 
 
 def test_cross_entropy_large_softcap_is_the_plain_loss():
