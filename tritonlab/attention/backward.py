@@ -1,6 +1,6 @@
 """Differentiable rectangular attention with a two-pass backward: Δ, then dK/dV by key block, then
-dQ by query block. Deterministic: no atomics, the same inputs give the same bits. On Hopper at
-D = 64, where the Gluon forward runs, the dK/dV pass is ``backward_hopper``'s Gluon kernel.
+dQ by query block. Deterministic: no atomics, the same inputs give the same bits. On Hopper, where
+the Gluon forward runs, the dK/dV pass is ``backward_hopper``'s Gluon kernel.
 
 With S = scale·QKᵀ, P = softmax(S) and the forward's logsumexp saved, P is recomputed tile by tile
 as exp(S − lse) instead of being stored (the Lq x Lk matrix never exists). The gradients are
@@ -406,9 +406,9 @@ def _partial_strides(partials: torch.Tensor) -> tuple:
 
 def _uses_gluon(q, k, v, do) -> bool:
     """Whether the dK/dV pass runs ``backward_hopper``'s Gluon kernel: where the Gluon forward runs by
-    default, at D = 64 (at D = 128 its two accumulators spill), with a dO a TMA descriptor can
-    address. The dQ pass stays the Triton kernel (a Gluon one measured 2.22 against 2.05 ms at mid)."""
-    return q.shape[-1] == 64 and tma_ok(do) and _forward_uses_gluon(q, k, v, "auto")
+    default, at a D it has a config for, with a dO a TMA descriptor can address. The dQ pass stays
+    the Triton kernel (a Gluon one measured 2.22 against 2.05 ms at mid)."""
+    return q.shape[-1] in backward_hopper.CONFIGS and tma_ok(do) and _forward_uses_gluon(q, k, v, "auto")
 
 
 def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):

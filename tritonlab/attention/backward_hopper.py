@@ -18,7 +18,7 @@ Rows past Lq or Lk read as zeros (4-D TMA descriptors over the caller's strides)
 rows get lse = +inf, so their P is 0. Causal (``CAUSAL``, top-left aligned; flash2 takes it): a
 key block's query tiles start at its first key, the tiles that cross a warpgroup's diagonal run
 masked in a loop of their own (the mask inside the main loop spilled 68 bytes a thread against
-24), and the grid runs the first key blocks of every head first (they meet the most queries). Hopper only, 16-bit, D = 64; tested on the GPU and built for
+24), and the grid runs the first key blocks of every head first (they meet the most queries). Hopper only, 16-bit, D 64 or 128; tested on the GPU and built for
 sm_90a on the CPU (Gluon does not run in Triton's interpreter).
 """
 
@@ -149,7 +149,7 @@ def _dkdv_kernel(
     q_desc, k_desc, v_desc, do_desc, LSE, DELTA, GRADS, scale, qk_scale,
     stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
-    REGS: gl.constexpr = 168,
+    REGS: gl.constexpr = 240,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
@@ -206,8 +206,12 @@ def _dkdv_kernel(
 
 
 # (BLOCK_M: the query tile, STAGES, REGS: the registers a thread of the second MMA warpgroup asks
-# for), per D; measured on the H100 at mid: 2 stages 3.30 ms, 3 stages 3.54 (at 168 registers).
-CONFIGS = {64: (64, 2, 168)}
+# for), per D. Measured on the H100, kernel alone (reports/data/03_attn_bwd/diagnostics/
+# gluon_dkdv_regs_*): at D = 64 240 registers (no spills; 12 bytes at 168) take the mid shape from
+# 3.38 to 3.01 ms and the causal flash2 goal shape from 2.08 to 1.86, 3 stages within 1% of 2; at
+# D = 128 (40 bytes spilled, 100 causal) 64-row tiles beat 32-row ones (spill-free): 4.99 ms against
+# 5.76 at mid, 1.51x the Triton kernel.
+CONFIGS = {64: (64, 3, 240), 128: (64, 2, 240)}
 
 
 def config_string(head_dim: int) -> str:
@@ -225,7 +229,7 @@ _LAUNCHES = LaunchCache(first_launch)
 def dkdv(
     q, k, v, lse, do, delta, grads, scale: float, causal: bool = False, config: tuple | None = None
 ) -> None:
-    """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes at D = 64;
+    """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
     keeps key j for query i when i >= j (top-left aligned). ``config`` overrides ``CONFIGS[D]``."""
     B, H, Lq, D = q.shape

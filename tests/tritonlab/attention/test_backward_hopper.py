@@ -26,13 +26,13 @@ from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report
 
 results = {}
-for (d, (block_m, stages)), causal in [(c, causal) for c in CONFIGS.items() for causal in (False, True)]:
+for (d, (block_m, stages, regs)), causal in [(c, causal) for c in CONFIGS.items() for causal in (False, True)]:
     sig = {"q_desc": desc(block_m, d), "k_desc": desc(ROWS, d), "v_desc": desc(ROWS, d), "do_desc": desc(block_m, d),
            "LSE": "*fp32", "DELTA": "*fp32", "GRADS": "*bf16", "scale": "fp32", "qk_scale": "fp32",
            "stride_gs": "i64", "stride_gb": "i32", "stride_gh": "i32", "stride_gl": "i32", "H": "i32", "Lq": "i32",
            "Lk": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "STAGES": "constexpr",
-           "CAUSAL": "constexpr"}
-    consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal}
+           "CAUSAL": "constexpr", "REGS": "constexpr"}
+    consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs}
     out = triton.compile(GluonASTSource(_dkdv_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4})
     results[f"{d}-{causal}"] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
@@ -44,36 +44,39 @@ print(json.dumps(results))
 @pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_the_sm90a_build_fits_hopper():
     results = json.loads(run_without_interpreter(_BUILD).stdout.strip().splitlines()[-1])
-    assert set(results) == {"64-False", "64-True"}
+    assert set(results) == {"64-False", "64-True", "128-False", "128-True"}
     for key, r in results.items():
         # Two MMA warpgroups and a load warp, padded to whole warpgroups: 12 warps.
         assert r["warps"] == 12, (key, r)
         assert r["shared"] <= HOPPER_SHARED_MEMORY, (key, r)
-        # 12 bytes a thread measured (two fp32 accumulators, Sᵀ and dPᵀ in 168 registers); 24 causal
-        # (the masked tiles' loop of its own).
-        assert r["spill_stores"] <= (32 if key.endswith("True") else 16), (key, r)
+        # Measured (sm_90a, 240 registers for the second MMA warpgroup): none at D = 64; at D = 128 (two
+        # 64 x 128 fp32 accumulators) 40 bytes a thread, 100 causal -- kept: still the fastest config.
+        assert r["spill_stores"] <= {"64-False": 0, "64-True": 0, "128-False": 48, "128-True": 112}[key], (
+            key,
+            r,
+        )
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
 @pytest.mark.parametrize("layout", ["model", "contiguous"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("dtype", "D"), [(torch.bfloat16, 64), (torch.float16, 64), (torch.bfloat16, 128)])
 @pytest.mark.parametrize(
     ("B", "H", "Lq", "Lk"),
     [(1, 2, 257, GLUON_FROM_LK), (2, 1, 1000, 1017), (1, 8, 193, 1100), (1, 1, 1, 1000), (2, 3, 130, 2049)],
 )
-def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, layout):
+def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, D, layout):
     if layout == "model":
-        q, k, v = model_qkv(B, H, Lq, Lk, 64, dtype)
+        q, k, v = model_qkv(B, H, Lq, Lk, D, dtype)
     else:
-        q, k, v = (torch.randn(B, H, n, 64, device="cuda", dtype=dtype) for n in (Lq, Lk, Lk))
+        q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=dtype) for n in (Lq, Lk, Lk))
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    do = torch.randn(B, H, Lq, 64, device="cuda", dtype=dtype)
+    do = torch.randn(B, H, Lq, D, device="cuda", dtype=dtype)
     record = ConfigRecord()
     attention(q, k, v, record=record).backward(do)
     assert record.picked["dkdv"].startswith("gluon:"), record.picked
     ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    o_ref = torch.softmax(ref[0] @ ref[1].transpose(-1, -2) * 64**-0.5, -1) @ ref[2]
+    o_ref = torch.softmax(ref[0] @ ref[1].transpose(-1, -2) * D**-0.5, -1) @ ref[2]
     o_ref.backward(do.double())
     bound = 1e-2 if dtype == torch.bfloat16 else 2e-3
     for name, got, want in zip("qkv", (q, k, v), ref, strict=True):
