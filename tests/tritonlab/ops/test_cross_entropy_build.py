@@ -27,11 +27,10 @@ for name, fast in (("plain", None), ("softcap", False), ("softcap-fast", True)):
     if fast is not None:
         sig.update({"WEIGHT": "constexpr", "WEIGHT_STATS": "constexpr", "smoothing": "fp32",
                     "softcap": "fp32", "lse_square_scale": "fp32", "HAS_SOFTCAP": "constexpr",
-                    "FAST_TANH": "constexpr", "TILE_COLS": "constexpr", "PEEL": "constexpr",
-                    "POLY_EXP2": "constexpr"})
-        # (unpeeled: the peeled sweep 1 compiles its block twice, doubling the count, not the work)
+                    "FAST_TANH": "constexpr", "TILE_COLS": "constexpr", "POLY_EXP2": "constexpr"})
+        # (every exponential on the special-function unit here: poly_exp2 moves half of sweep 1's off it)
         consts.update({"WEIGHT": None, "WEIGHT_STATS": None, "HAS_SOFTCAP": True, "FAST_TANH": fast,
-                       "TILE_COLS": 8192, "PEEL": False, "POLY_EXP2": False})
+                       "TILE_COLS": 8192, "POLY_EXP2": False})
     out = triton.compile(ASTSource(_cross_entropy_fwd_kernel, signature=sig, constexprs=consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
     mufu = collections.Counter(re.findall(r"MUFU\.(\w+)", sass(out.asm["ptx"], "sm_90a")))
@@ -63,17 +62,18 @@ import triton
 from tritonlab.testing import run_without_interpreter, triton_tools_missing
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tritonlab.ops.cross_entropy import DEFAULT_SETTINGS, OPTIONS_SETTINGS, _cross_entropy_fwd_kernel as kernel
+from tritonlab.ops.cross_entropy import DEFAULT_SETTINGS, _cross_entropy_fwd_kernel as kernel
 from tritonlab.tuning import ptxas_report
 
 sig = {n: "i32" for n in kernel.arg_names}
 sig.update(LOGITS="*bf16", TARGET="*i64", LOSS="*fp32", GRAD="*bf16", N_VALID="*i32",
            smoothing="fp32", softcap="fp32", lse_square_scale="fp32", stride_logits="i64", stride_grad="i64")
 results = {}
-for name, settings in (("default", DEFAULT_SETTINGS), ("options", OPTIONS_SETTINGS)):
+settings = DEFAULT_SETTINGS
+for name, fixed in (("fixed max", True), ("running max", False)):
     consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=settings.block_v(2), WEIGHT=None, WEIGHT_STATS=None,
                   HAS_WEIGHT=False, HAS_SMOOTHING=True, HAS_SOFTCAP=True, HAS_ZLOSS=True, FAST_TANH=True,
-                  FIXED_MAX=True, TILE_COLS=settings.tile_cols(2), PEEL=settings.peel, TARGET_FIXUP=True,
+                  FIXED_MAX=fixed, TILE_COLS=settings.tile_cols(2), TARGET_FIXUP=True,
                   POLY_EXP2=settings.poly_exp2)
     # The GPU's specialisation at 16384 x 128256: 16-byte aligned pointers, sizes and strides divisible by 16.
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in
@@ -87,23 +87,19 @@ print(json.dumps(results))
 
 
 @pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
-def test_the_options_kernel_spills_nothing_at_its_own_settings():
+def test_the_options_kernel_barely_spills_at_the_plain_losss_settings():
     # The subprocess runs without the interpreter, so it reads the GPU's settings.
     spills = json.loads(run_without_interpreter(_SPILLS).stdout.strip().splitlines()[-1])
-    # Every option on with the softcap's fixed max (softcap <= 40): the plain loss's 64 KB blocks at 32
-    # warps spill; 32 KB blocks do not.
-    assert spills["default"] > 0 and spills["options"] == 0, spills
+    # Every option on at 64 KB blocks / 32 warps, bf16: the fixed max's per-lane sum is a [TILE_COLS]
+    # vector and the smoothing's sum moved to sweep 2, so a few bytes at most spill (8 with Triton
+    # 3.6's ptxas, outside the sweeps' loops; the fixed max's [BLOCK_V] vectors spilled 1 908).
+    assert spills["fixed max"] <= 16 and spills["running max"] <= 16, spills
 
 
-def test_the_softcap_takes_the_options_settings():
-    from tritonlab.ops.cross_entropy import (
-        DEFAULT_SETTINGS,
-        OPTIONS_SETTINGS,
-        launch_settings,
-    )
+def test_every_option_takes_the_plain_losss_settings():
+    from tritonlab.ops.cross_entropy import DEFAULT_SETTINGS, launch_settings
 
-    assert launch_settings(None) is DEFAULT_SETTINGS
-    assert launch_settings(30.0) is launch_settings(1e4) is OPTIONS_SETTINGS
+    assert launch_settings(None) is launch_settings(30.0) is launch_settings(1e4) is DEFAULT_SETTINGS
 
 
 _BARRIERS = r"""
@@ -111,7 +107,7 @@ import json, re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tritonlab.ops.cross_entropy import OPTIONS_SETTINGS, _cross_entropy_fwd_kernel as kernel
+from tritonlab.ops.cross_entropy import DEFAULT_SETTINGS, _cross_entropy_fwd_kernel as kernel
 from tritonlab.tuning import sass
 
 sig = {n: "i32" for n in kernel.arg_names}
@@ -119,13 +115,13 @@ sig.update(LOGITS="*bf16", TARGET="*i64", LOSS="*fp32", GRAD="*bf16", N_VALID="*
            softcap="fp32", lse_square_scale="fp32", stride_logits="i64", stride_grad="i64")
 out = {}
 for fixed in (True, False):
-    consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=OPTIONS_SETTINGS.block_v(2), WEIGHT=None,
+    consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=DEFAULT_SETTINGS.block_v(2), WEIGHT=None,
                   WEIGHT_STATS=None, HAS_WEIGHT=False, HAS_SMOOTHING=False, HAS_SOFTCAP=True, HAS_ZLOSS=False,
-                  FAST_TANH=True, FIXED_MAX=fixed, TILE_COLS=OPTIONS_SETTINGS.tile_cols(2), PEEL=True,
-                  TARGET_FIXUP=True, POLY_EXP2=False)
+                  FAST_TANH=True, FIXED_MAX=fixed, TILE_COLS=DEFAULT_SETTINGS.tile_cols(2), TARGET_FIXUP=True,
+                  POLY_EXP2=DEFAULT_SETTINGS.poly_exp2)
     compiled = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}},
                                         constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": OPTIONS_SETTINGS.num_warps})
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": DEFAULT_SETTINGS.num_warps})
     out[str(fixed)] = len(re.findall(r"BAR\.SYNC", sass(compiled.asm["ptx"], "sm_90a")))
 print(json.dumps(out))
 """

@@ -191,14 +191,13 @@ def test_cross_entropy_softcap_with_the_fixed_and_the_running_max(softcap, fixed
     assert rel_err(loss, ref) < FP32_TOL and rel_err(grad, grad_ref) < FP32_TOL
 
 
-# Sweep 1's tile rows kept in each thread (one warp: 32 x 16-byte columns, so 4 tile rows at the
-# interpreter's 2 KB blocks), the last block peeled off or not, every other exponential as a
-# polynomial (the interpreter takes it for all), the target's gradient through the comparison a
-# logit instead of its store after the row.
+# The tiles' rows kept in each thread (one warp: 32 x 16-byte columns, so 4 tile rows at the
+# interpreter's 2 KB blocks) with every other exponential of the fixed max's sweep 1 a polynomial (the
+# interpreter takes it for all) or none, and the target's gradient through the comparison a logit
+# instead of its store after the row.
 _VARIANT_SETTINGS = {
     "tiled": dict(block_bytes=2048, num_warps=1),
-    "tiled, unpeeled": dict(block_bytes=2048, num_warps=1, peel=False),
-    "tiled, poly exp2": dict(block_bytes=2048, num_warps=1, poly_exp2=True),
+    "tiled, no poly exp2": dict(block_bytes=2048, num_warps=1, poly_exp2=False),
     "target compared": dict(block_bytes=2048, num_warps=1, target_fixup=False),
 }
 
@@ -226,6 +225,22 @@ def test_cross_entropy_options_settings_variants_match_float64(variant, option, 
     (grad_ref,) = torch.autograd.grad(ref, xr)
     assert rel_err(loss, ref) < FP32_TOL and rel_err(grad, grad_ref) < FP32_TOL
     assert torch.all(grad[1] == 0)  # the ignored row: no target store
+
+
+@pytest.mark.parametrize("variant", ["tiled", "tiled, no poly exp2"])
+@pytest.mark.parametrize("option", ["weight+smoothing", "all"])
+def test_cross_entropy_smoothing_without_a_gradient_sums_in_sweep_1(variant, option):
+    """Logits that need no gradient: no sweep 2, so sweep 1 sums the logits for the smoothing."""
+    logits, target, kwargs = _case(5, 4097, torch.float32, option, seed=7)
+    settings = CrossEntropySettings(**_VARIANT_SETTINGS[variant])
+    options = CrossEntropyOptions(
+        kwargs.get("weight"), kwargs.get("label_smoothing", 0.0), kwargs.get("softcap"),
+        kwargs.get("lse_square_scale", 0.0),
+    )  # fmt: skip
+    loss = CrossEntropyFunction.apply(logits, target, IGNORE, "none", False, True, settings, options)
+    ref_kwargs = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    ref = cross_entropy_ref(logits.double(), target, reduction="none", **ref_kwargs)
+    assert rel_err(loss, ref) < FP32_TOL
 
 
 def test_cross_entropy_plain_target_store_matches_the_comparison():
