@@ -25,15 +25,18 @@ exactly 1 (the usual ``loss.backward()``), so it costs nothing then.
 Offsets are int64: rows x vocab may exceed 2**31.
 
 Sweep 2 never compares a column with the target: it writes softmax * scale everywhere, then, after
-a barrier, the target's element again with its one-hot term (``_store_target_grad``).
+a barrier, the target's element again with its one-hot term (``_store_target_grad``). The int64
+comparison was 5 of the sweep's 16 instructions a logit (sm_90 SASS, bf16); without it the plain loss
+takes 3.154 ms instead of 3.212 at 16384 x 128256 bf16 (H100, one process,
+``reports/data/kernel_suite/diagnostics/ce_variants_102b7b1-h100.txt``).
 
 The options (``_options_row``): label smoothing, the softcap (z = softcap * tanh(x / softcap)), the
 z-loss and class weights. With a softcap up to ``SOFTCAP_FIXED_MAX`` sweep 1 takes the softcap as the
-row's max and sums the exponentials per lane; every other one of them is a polynomial on the FMA
-units (``_exp2_split``), since tanh and exp2 a logit would otherwise queue on the special-function
-unit. The smoothing's sum of the logits is left to sweep 2, which computes them anyway. The per-lane
-sums run over tiles that keep their rows inside each thread (``_tile``), so they stay a few
-registers at the plain loss's 64 KB blocks.
+row's max and sums the exponentials per lane. The smoothing's sum of the logits is left to sweep 2,
+which computes them anyway. The per-lane sums run over tiles that keep their rows inside each thread
+(``_tile``), so they stay a few registers at the plain loss's 64 KB blocks, which every option now
+runs. Against the plain loss in the same process (same file): smoothing 1.031x, the softcap 1.033x,
+the z-loss 0.990x, every option on 1.007x; before, 1.071x, 1.058x, 1.018x, 1.081x.
 
 Launch settings (:class:`CrossEntropySettings`, swept by ``python -m phases kernel_suite --tune``):
 each sweep-1 iteration moves ``block_bytes`` of logits -- 64 KB measured fastest at 16384 x 128256
@@ -73,8 +76,6 @@ class CrossEntropySettings:
     fixed_max: bool = True
     # Sweep 2 writes the target's element after the row, not through a comparison a logit.
     target_fixup: bool = True
-    # The fixed max's sweep 1 computes every other exponential with FMAs (``_exp2_split``).
-    poly_exp2: bool = True
 
     def block_v(self, element_size: int) -> int:
         return triton.next_power_of_2(max(16, self.block_bytes // element_size))
@@ -172,7 +173,6 @@ def _cross_entropy_fwd_kernel(
     FIXED_MAX: tl.constexpr = False,
     TARGET_FIXUP: tl.constexpr = True,
     TILE_COLS: tl.constexpr = None,
-    POLY_EXP2: tl.constexpr = False,
 ):
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -184,7 +184,6 @@ def _cross_entropy_fwd_kernel(
                 row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols,
                 stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
                 HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP,
-                POLY_EXP2,
             )  # fmt: skip
         else:
             _plain_row(
@@ -288,60 +287,6 @@ def _exp2(x):
         return tl.exp2(x)
 
 
-# 2**f on [-1/2, 1/2], degree 5, fitted for relative error: at most 2.1e-7 (2**-22.2) in float32 Horner
-# form, the size of ex2.approx.f32's own error (PTX ISA: 2**-22).
-_P0 = tl.constexpr(1.0000001192092896)
-_P1 = tl.constexpr(0.6931469440460205)
-_P2 = tl.constexpr(0.24022120237350464)
-_P3 = tl.constexpr(0.05550713092088699)
-_P4 = tl.constexpr(0.009675541892647743)
-_P5 = tl.constexpr(0.001327647129073739)
-_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: y + it, rounded, holds round(y) in its low bits
-_EXP2_PAIR = tl.constexpr("""{
-.reg .f32 t, j, f, p;
-.reg .b32 pb, tb;
-ex2.approx.ftz.f32 $0, $2;
-add.rn.f32 t, $3, 0f4B400000;
-sub.rn.f32 j, t, 0f4B400000;
-sub.rn.f32 f, $3, j;
-fma.rn.f32 p, f, 0f3AAE0472, 0f3C1E862A;
-fma.rn.f32 p, p, f, 0f3D635B72;
-fma.rn.f32 p, p, f, 0f3E75FC8C;
-fma.rn.f32 p, p, f, 0f3F317214;
-fma.rn.f32 p, p, f, 0f3F800001;
-mov.b32 pb, p;
-mov.b32 tb, t;
-mad.lo.u32 pb, tb, 8388608, pb;
-mov.b32 p, pb;
-fma.rn.f32 $1, $3, 0f00000000, p;
-}""")
-
-
-@triton.jit
-def _exp2_poly(y):
-    """2**y for -126 < y < 2**22 with FMAs alone: y = j + f, j = round(y), |f| <= 1/2 (Cody-Waite with
-    the 1.5 * 2**23 rounding trick), 2**f by the degree-5 polynomial, j added to its exponent field."""
-    t = y + _ROUND
-    f = y - (t - _ROUND)
-    p = ((((_P5 * f + _P4) * f + _P3) * f + _P2) * f + _P1) * f + _P0
-    bits = p.to(tl.uint32, bitcast=True) + (t.to(tl.uint32, bitcast=True) << 23)
-    return bits.to(tl.float32, bitcast=True) + y * 0.0  # (a NaN y stays NaN)
-
-
-@triton.jit
-def _exp2_split(y, POLY: tl.constexpr):
-    """2**y, -126 < y <= 0, for the fixed max's sweep 1, which would wait on the special-function
-    unit: tanh and exp2 a logit, 16 such ops a clock per SM against 128 FMAs. With ``POLY`` every
-    other element takes ``_exp2_poly`` (10 FMA-pipe instructions) instead of ``ex2.approx``, in one
-    inline-assembly pair so the split is exact; the interpreter takes the polynomial for all."""
-    if not POLY:
-        return _exp2(y)
-    elif _FTZ_EXP:
-        return tl.inline_asm_elementwise(_EXP2_PAIR, "=r,=r,r,r", [y], dtype=tl.float32, is_pure=True, pack=2)
-    else:
-        return _exp2_poly(y)
-
-
 @triton.jit
 def _softcapped(x, softcap, mask, HAS_SOFTCAP: tl.constexpr, FAST_TANH: tl.constexpr):
     """z = softcap * tanh(x / softcap) where ``mask``, -inf elsewhere; without a softcap z = x."""
@@ -361,7 +306,6 @@ def _add_pair(a, b, c, d):
 @triton.jit
 def _row_stats(
     row_logits, WEIGHT, n_cols, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, SUM_Z, HAS_SOFTCAP, FAST_TANH, FIXED_MAX,
-    POLY_EXP2,
 ):  # fmt: skip
     """Sweep 1 with options: (logsumexp(z), sum over classes of w_c * z_c) for z the (softcapped)
     logits; the sum only with ``SUM_Z`` (label smoothing without a gradient: with one, sweep 2 takes
@@ -374,8 +318,8 @@ def _row_stats(
     The fixed max's blocks are [BLOCK_V // TILE_COLS, TILE_COLS] tiles of the row (``_tile``), so its
     per-lane sums are [TILE_COLS] vectors: 8 float32 registers a thread for bf16 at 32 warps, which
     lets it run the plain loss's 64 KB blocks without spilling (a [BLOCK_V] vector is 32). The running
-    max stays one-dimensional: reduced in two steps over a tile, it spilled 112 bytes (sm_90 ptxas)
-    and the z-loss alone took 4.90 ms against 3.28 (H100, 16384 x 128256 bf16,
+    max stays one-dimensional: reduced in two steps over a tile, it spilled (sm_90 ptxas) and the
+    z-loss alone took 4.90 ms against 3.28 (H100, 16384 x 128256 bf16,
     reports/data/kernel_suite/diagnostics/ce_variants_dd0b157-h100.txt)."""
     offs = _tile(BLOCK_V, TILE_COLS) if FIXED_MAX else tl.arange(0, BLOCK_V)
     x = tl.load(row_logits + offs, mask=offs < n_cols, other=float("-inf"), eviction_policy="evict_last")
@@ -397,7 +341,7 @@ def _row_stats(
         if FIXED_MAX:
             # exp(z - softcap) = 2**(t * softcap * log2(e) - softcap * log2(e)): one FMA before the exp2
             t = _tanh(x.to(tl.float32) * (1.0 / softcap), FAST_TANH)
-            lane_exp += tl.sum(tl.where(mask, _exp2_split(t * cap_log2 - cap_log2, POLY_EXP2), 0.0), axis=0)
+            lane_exp += tl.sum(tl.where(mask, _exp2(t * cap_log2 - cap_log2), 0.0), axis=0)
             if SUM_Z:
                 ts = tl.where(mask, t, 0.0)  # the softcap's factor goes on once, at the end
                 if HAS_WEIGHT:
@@ -444,7 +388,7 @@ def _tile(BLOCK_V: tl.constexpr, TILE_COLS: tl.constexpr):
 def _options_row(
     row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols, stride_grad,
     smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
-    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP, POLY_EXP2,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP,
 ):  # fmt: skip
     """One row with options, z the (softcapped) logits, w the class weights (1 without), eps the
     smoothing, C = n_cols, W = sum of w:
@@ -464,12 +408,12 @@ def _options_row(
     if COMPUTE_GRAD:
         lse, weighted_z = _row_stats(
             row_logits, WEIGHT, n_cols, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, False, HAS_SOFTCAP, FAST_TANH,
-            FIXED_MAX, POLY_EXP2,
+            FIXED_MAX,
         )  # fmt: skip
     else:
         lse, weighted_z = _row_stats(
             row_logits, WEIGHT, n_cols, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP,
-            FAST_TANH, FIXED_MAX, POLY_EXP2,
+            FAST_TANH, FIXED_MAX,
         )  # fmt: skip
     bad = ~ignored & ((target < 0) | (target >= n_cols))
     read = ~ignored & ~bad
@@ -688,7 +632,6 @@ class CrossEntropyFunction(torch.autograd.Function):
                 FAST_TANH=fast_tanh(rows.dtype),
                 FIXED_MAX=settings.uses_fixed_max(options.softcap),
                 TILE_COLS=settings.tile_cols(rows.element_size()),
-                POLY_EXP2=settings.poly_exp2,
             )
         _launch(
             _cross_entropy_fwd_kernel,

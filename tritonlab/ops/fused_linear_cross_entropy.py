@@ -120,7 +120,6 @@ def _chunked_pass(
             FAST_TANH=fast_tanh(x.dtype),
             FIXED_MAX=settings.uses_fixed_max(softcap),
             TILE_COLS=settings.tile_cols(x.element_size()),
-            POLY_EXP2=settings.poly_exp2,
         )
     block_v = settings.block_v(x.element_size())
 

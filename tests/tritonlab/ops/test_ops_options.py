@@ -15,8 +15,6 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from tritonlab.ops import GEGLU, CrossEntropyLoss, RMSNorm, cross_entropy, geglu, rms_norm
 from tritonlab.ops.cross_entropy import (
@@ -25,7 +23,6 @@ from tritonlab.ops.cross_entropy import (
     CrossEntropyFunction,
     CrossEntropyOptions,
     CrossEntropySettings,
-    _exp2_poly,
 )
 from tritonlab.testing import rel_err
 
@@ -192,12 +189,10 @@ def test_cross_entropy_softcap_with_the_fixed_and_the_running_max(softcap, fixed
 
 
 # The tiles' rows kept in each thread (one warp: 32 x 16-byte columns, so 4 tile rows at the
-# interpreter's 2 KB blocks) with every other exponential of the fixed max's sweep 1 a polynomial (the
-# interpreter takes it for all) or none, and the target's gradient through the comparison a logit
-# instead of its store after the row.
+# interpreter's 2 KB blocks), and the target's gradient through the comparison a logit instead of its
+# store after the row.
 _VARIANT_SETTINGS = {
     "tiled": dict(block_bytes=2048, num_warps=1),
-    "tiled, no poly exp2": dict(block_bytes=2048, num_warps=1, poly_exp2=False),
     "target compared": dict(block_bytes=2048, num_warps=1, target_fixup=False),
 }
 
@@ -227,7 +222,7 @@ def test_cross_entropy_options_settings_variants_match_float64(variant, option, 
     assert torch.all(grad[1] == 0)  # the ignored row: no target store
 
 
-@pytest.mark.parametrize("variant", ["tiled", "tiled, no poly exp2"])
+@pytest.mark.parametrize("variant", list(_VARIANT_SETTINGS))
 @pytest.mark.parametrize("option", ["weight+smoothing", "all"])
 def test_cross_entropy_smoothing_without_a_gradient_sums_in_sweep_1(variant, option):
     """Logits that need no gradient: no sweep 2, so sweep 1 sums the logits for the smoothing."""
@@ -255,26 +250,6 @@ def test_cross_entropy_plain_target_store_matches_the_comparison():
     xr = f64(logits)
     (grad_ref,) = torch.autograd.grad(F.cross_entropy(xr, target, reduction="sum"), xr)
     assert rel_err(grads[0], grad_ref) < FP32_TOL
-
-
-@triton.jit
-def _exp2_poly_kernel(Y, OUT, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(OUT + offs, _exp2_poly(tl.load(Y + offs, mask=offs < n)), mask=offs < n)
-
-
-def test_exp2_polynomial_is_float32_accurate():
-    """The FMA-only 2**y of the fixed max's sweep 1 over its whole range (y in [-126, 0]), against
-    float64: within 2.5e-7 relative (ex2.approx.f32's own bound is 2**-22, 2.4e-7); NaN stays NaN."""
-    gen = torch.Generator().manual_seed(6)
-    y = torch.cat([-126 * torch.rand(20000, generator=gen), torch.arange(-125, 1).float(),
-                   torch.arange(-125, 1).float() - 0.5, torch.tensor([0.0, -1e-30, float("nan")])])  # fmt: skip
-    out = torch.empty_like(y)
-    _exp2_poly_kernel[(triton.cdiv(y.numel(), 1024),)](y, out, y.numel(), BLOCK=1024)
-    ref = torch.exp2(y.double())
-    err = ((out[:-1].double() - ref[:-1]) / ref[:-1]).abs().max().item()
-    assert err < 2.5e-7, err
-    assert torch.isnan(out[-1])
 
 
 def test_cross_entropy_large_softcap_is_the_plain_loss():

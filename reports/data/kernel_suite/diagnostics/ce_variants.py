@@ -1,5 +1,8 @@
-"""Diagnostic: the cross-entropy kernel at 16384 x 128256 bf16, forward + backward, in one process,
-as the library ran before this work (``ce_head``: c40aa9a's tritonlab/ops/cross_entropy.py with its
+"""Diagnostic, as it ran at 102b7b1 on an H100 (output: ce_variants_102b7b1-h100.txt; the
+``poly_exp2`` setting it turns off was removed after it, so it needs 102b7b1's tree to run).
+
+The cross-entropy kernel at 16384 x 128256 bf16, forward + backward, in one process, as the library
+ran before this work (``ce_head``: c40aa9a's tritonlab/ops/cross_entropy.py with its
 relative imports made absolute, ``git show c40aa9a:tritonlab/ops/cross_entropy.py``, in the folder
 given as the first argument) and as it runs now, with its defaults and with one setting changed:
 ``target_fixup=False`` (the target's gradient through a comparison a logit) and ``poly_exp2=False``
