@@ -17,6 +17,7 @@ from tritonlab.attention import (
     TileConfig,
     attention_flops,
     causal_mask,
+    flash2,
     naive_attention,
     reference_attention,
 )
@@ -352,3 +353,21 @@ def test_triton_gpu_float32_honours_high_precision():
 def test_triton_gpu_fp16():
     q, k, v, grad_out = make_inputs(3, 300, 211, 16, torch.float16)
     check_function(FlashAttentionTriton, q, k, v, grad_out, True, 1e-2)
+
+
+def test_auto_takes_gluon_from_the_threshold(monkeypatch):
+    """The dispatch rule alone (the kernels need a Hopper GPU): where the Gluon forward could run,
+    "auto" takes it from GLUON_FROM_N keys on, "gluon" at any length, "triton" never."""
+    monkeypatch.setattr(flash2, "INTERPRET", False)
+    monkeypatch.setattr(flash2.forward_hopper, "unsupported_reason", lambda q, k, v: None)
+    q = torch.empty(1, 5, 64)
+    for n_k, auto in [(flash2.GLUON_FROM_N - 1, False), (flash2.GLUON_FROM_N, True)]:
+        k = torch.empty(1, n_k, 64)
+        assert flash2._uses_gluon(q, k, k, "auto") is auto, n_k
+        assert flash2._uses_gluon(q, k, k, "gluon") is True
+        assert flash2._uses_gluon(q, k, k, "triton") is False
+    monkeypatch.setattr(flash2.forward_hopper, "unsupported_reason", lambda q, k, v: "a Hopper GPU")
+    k = torch.empty(1, flash2.GLUON_FROM_N, 64)
+    assert flash2._uses_gluon(q, k, k, "auto") is False
+    with pytest.raises(ValueError, match="impl: 'gluon' needs a Hopper GPU"):
+        flash2._uses_gluon(q, k, k, "gluon")
