@@ -33,7 +33,7 @@ What carries the forward's speed:
   checks, whenever the strides allow it; other strides fall back to block pointers.
 
 On Hopper, for 16-bit inputs at D 64 or 128 with TMA-addressable strides, from GLUON_FROM_N keys
-on, the forward is ``forward_hopper``'s warp-specialised Gluon kernel and the dK/dV pass (D = 64)
+on, the forward is ``forward_hopper``'s warp-specialised Gluon kernel and the dK/dV pass
 ``backward_hopper``'s, both with the causal mask on the diagonal tiles only; dQ stays this
 module's Triton kernel. ``impl`` ("auto", "triton", "gluon") pins a family.
 
