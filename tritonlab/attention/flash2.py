@@ -584,12 +584,11 @@ def flash_backward(
 ):  # fmt: skip
     """dQ, dK, dV from the saved O and L: Δ first, then the dK/dV and the dQ kernels. ``impl`` as
     ``flash_forward``'s: with Gluon the dK/dV kernel is ``backward_hopper``'s where it has a config
-    for D (64) and dO is TMA-addressable (a ``dkdv_config`` pins the Triton one under "auto"); dQ
-    is the Triton kernel's."""
+    for D (``backward_hopper.CONFIGS``) and dO is TMA-addressable (a ``dkdv_config`` pins the Triton
+    one under "auto"); dQ is the Triton kernel's."""
     batch, n_q, head_dim = q.shape
     n_k = k.shape[1]
     dq_cfg = dq_config or tile_config("dq", q.dtype, head_dim, is_causal, q.device)
-    dkdv_cfg = dkdv_config or tile_config("dkdv", q.dtype, head_dim, is_causal, q.device)
     sm_scale = 1.0 / math.sqrt(head_dim)
     precision = dot_precision(q.dtype)
     delta = backward_delta(o, grad_o)
@@ -621,6 +620,8 @@ def flash_backward(
         backward_hopper.dkdv(*heads, grads, sm_scale, causal=is_causal)
         dk, dv = grads[0, :, 0], grads[1, :, 0]
     else:
+        # (looked up only here: the Gluon path has no use for the Triton kernel's tiles)
+        dkdv_cfg = dkdv_config or tile_config("dkdv", q.dtype, head_dim, is_causal, q.device)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         _bwd_dkdv_kernel[(triton.cdiv(n_k, dkdv_cfg.block_n), batch)](
             q, k, v, grad_o, lse, delta, dk, dv, *common_args,
