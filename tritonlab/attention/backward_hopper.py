@@ -25,17 +25,11 @@ sm_90a on the CPU (Gluon does not run in Triton's interpreter).
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .._launch import LaunchCache, first_launch, launch
 from ._common import LOG2E
-from .forward_hopper import descriptor, mma_layout, shared_layout
+from .forward_hopper import descriptor, mma_layout
 
 ROWS = 64  # one warpgroup's MMA rows
 WARPGROUPS = 2
@@ -77,11 +71,9 @@ def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs,
 
 @gluon.jit
 def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale,
-               ds_smem, DQ, dq_base, Lq, scale, MASKED: gl.constexpr, FUSED_DQ: gl.constexpr):  # fmt: skip
+               MASKED: gl.constexpr):  # fmt: skip
     """One query tile's dV += Pᵀ dO and dK += dSᵀ Q (unscaled) from ring slot ``i % STAGES``;
-    ``MASKED``: the causal mask, for the tiles where some query precedes some of these keys.
-    ``FUSED_DQ``: also this warpgroup's share of the tile's dQ, scale · dS K, added to the fp32 rows
-    at ``DQ + dq_base`` with atomics (dS goes through ``ds_smem``: the product needs it transposed)."""
+    ``MASKED``: the causal mask, for the tiles where some query precedes some of these keys."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
@@ -109,33 +101,17 @@ def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, rea
     p_a = gl.convert_layout(p_t.to(dtype), a_layout)
     dv_tok = warpgroup_mma(p_a, do_tile, dv, is_async=True)
     dp_t = warpgroup_mma_wait(1, deps=[dpt_tok])
-    ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
-    ds_a = gl.convert_layout(ds_t, a_layout)
+    ds_a = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(dtype), a_layout)
     dk_tok = warpgroup_mma(ds_a, q_tile, dk, is_async=True)
-    if FUSED_DQ:
-        g_layout: gl.constexpr = mma_layout(HEAD_DIM)
-        ds_smem.store(ds_t)
-        fence_async_shared()
-        dq_tok = warpgroup_mma(
-            ds_smem.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, g_layout),
-            use_acc=False, is_async=True,
-        )  # fmt: skip
-        dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
-        mbarrier.arrive(empty_bars.index(slot), count=1)
-        rows = j * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, g_layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
-        ptrs = DQ + dq_base + rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
-        gl.atomic_add(ptrs, dq * scale, mask=(rows < Lq)[:, None], sem="relaxed")
-    else:
-        dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
-        mbarrier.arrive(empty_bars.index(slot), count=1)
+    dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+    mbarrier.arrive(empty_bars.index(slot), count=1)
     return dk, dv
 
 
 @gluon.jit
 def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, GRADS, scale,
                   qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles,
-                  ds_smem, DQ, dq_base, Lq, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):  # fmt: skip
+                  CAUSAL: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
     KEYS: gl.constexpr = k_smem.shape[2]
@@ -154,12 +130,10 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
         unmasked_from = gl.minimum(gl.cdiv(key_start + KEYS, BLOCK_M), n_tiles)
         for j in range(first_tile, unmasked_from):
             dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
-                                empty_bars, dk, dv, qk_scale, ds_smem, DQ, dq_base, Lq, scale, True,
-                                FUSED_DQ)  # fmt: skip
+                                empty_bars, dk, dv, qk_scale, True)  # fmt: skip
     for j in range(unmasked_from, n_tiles):
         dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
-                            empty_bars, dk, dv, qk_scale, ds_smem, DQ, dq_base, Lq, scale, False,
-                            FUSED_DQ)  # fmt: skip
+                            empty_bars, dk, dv, qk_scale, False)  # fmt: skip
 
     keys = key_start + gl.arange(0, KEYS, layout=gl.SliceLayout(1, g_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
@@ -172,10 +146,10 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
 
 @gluon.jit
 def _dkdv_kernel(
-    q_desc, k_desc, v_desc, do_desc, LSE, DELTA, GRADS, DQ, scale, qk_scale,
+    q_desc, k_desc, v_desc, do_desc, LSE, DELTA, GRADS, scale, qk_scale,
     stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
-    REGS: gl.constexpr = 240, FUSED_DQ: gl.constexpr = False, DS_LAYOUT: gl.constexpr = None,
+    REGS: gl.constexpr = 240,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
@@ -213,25 +187,15 @@ def _dkdv_kernel(
         mbarrier.init(ready_bars.index(i), count=2)  # the TMA copies' expect, and the staged stats
         mbarrier.init(empty_bars.index(i), count=2)
     stats = pid_bh.to(gl.int64) * Lq
-    if FUSED_DQ:
-        ds_bufs = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], DS_LAYOUT)
-        ds_0 = ds_bufs.index(0)
-        ds_1 = ds_bufs.index(1)
-    else:
-        ds_0 = lse_bufs  # unused
-        ds_1 = lse_bufs
-    dq_base = stats * HEAD_DIM  # dQ's fp32 rows: contiguous (B, H, Lq, D)
 
     gl.warp_specialize(
         [
             (_dkdv_compute, (k_bufs.index(0), v_bufs.index(0), kv_bars.index(0), q_bufs, do_bufs, lse_bufs,
                              delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
-                             stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles, ds_0, DQ, dq_base, Lq,
-                             CAUSAL, FUSED_DQ)),
+                             stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles, CAUSAL)),
             (_dkdv_compute, (k_bufs.index(1), v_bufs.index(1), kv_bars.index(1), q_bufs, do_bufs, lse_bufs,
                              delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
-                             stride_gh, stride_gl, b, h, key_start + KEYS, Lk, first_tile, n_tiles, ds_1, DQ, dq_base,
-                             Lq, CAUSAL, FUSED_DQ)),
+                             stride_gh, stride_gl, b, h, key_start + KEYS, Lk, first_tile, n_tiles, CAUSAL)),
             (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs,
                           kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, n_tiles,
                           BLOCK_M, STAGES)),
@@ -263,17 +227,14 @@ _LAUNCHES = LaunchCache(first_launch)
 
 
 def dkdv(
-    q, k, v, lse, do, delta, grads, scale: float, causal: bool = False, config: tuple | None = None, dq=None
+    q, k, v, lse, do, delta, grads, scale: float, causal: bool = False, config: tuple | None = None
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
-    keeps key j for query i when i >= j (top-left aligned). ``config`` overrides ``CONFIGS[D]``.
-    With ``dq``, a zeroed float32 (B, H, Lq, D) contiguous tensor, dQ is added into it too, by atomics:
-    the fused backward, whose dQ sum runs in no fixed order."""
+    keeps key j for query i when i >= j (top-left aligned). ``config`` overrides ``CONFIGS[D]``."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     block_m, stages, regs = config or CONFIGS[D]
-    fused = dq is not None
     launch(
         _LAUNCHES,
         _dkdv_kernel,
@@ -286,16 +247,11 @@ def dkdv(
             lse,
             delta,
             grads,
-            dq,
         ),
         (float(scale), float(scale * LOG2E), *grads.stride()[:4], H, Lq, Lk),
-        {
-            "HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
-            "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), q.dtype) if fused else None,
-            "num_warps": 4,
-        },
+        {"HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs, "num_warps": 4},
         key_tensors=(q, k, v, do, grads),
-    )  # fmt: skip
+    )
 
 
 __all__ = ["CONFIGS", "config_string", "dkdv"]

@@ -245,7 +245,7 @@ def _gl_dtype(dtype: torch.dtype):
 
 
 @functools.cache
-def shared_layout(block: tuple, dtype: torch.dtype):
+def _shared_layout(block: tuple, dtype: torch.dtype):
     # Built once per tile shape and dtype: a few microseconds of host time per descriptor otherwise.
     return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
 
@@ -253,7 +253,7 @@ def shared_layout(block: tuple, dtype: torch.dtype):
 def descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     """A (B, H, L, D) tensor's TMA descriptor, tiles of ``block_rows`` rows of one head."""
     block = (1, 1, block_rows, t.shape[-1])
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), shared_layout(block, t.dtype))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _shared_layout(block, t.dtype))
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:

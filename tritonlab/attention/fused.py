@@ -40,10 +40,8 @@ from .._launch import LaunchCache, autotune_for_launch, signature_key
 from .._runtime import INTERPRET
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures
 from ..tuning_tables import autotune
-from . import backward_hopper
 from ._common import (
     LOG2E,
-    backward_delta,
     config_string,
     fits,
     load_rows,
@@ -65,7 +63,6 @@ from .backward import (
     _query_chunk,
     _reduce_key_grads,
     _store_key_block,
-    _uses_gluon,
 )
 
 
@@ -308,9 +305,9 @@ def _tune(tensors: tuple, q_chunk: int, n_chunks: int) -> tuple:
 _LAUNCHES = LaunchCache(_tune)
 
 
-def _deterministic_fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
+def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
     """dQ and the stacked (dK, dV), as ``_two_pass_backward``'s, in one launch (plus the chunk
-    reduction when the query rows are split); no atomics."""
+    reduction when the query rows are split)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     q_chunk = _plan_query_chunks(Lq, Lk, B * H)
@@ -338,54 +335,23 @@ def _deterministic_fused_backward(q, k, v, o, lse, do, scale: float, record: Con
     return dq, grads
 
 
-def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
-    """The fused backward: on Hopper, where the Gluon kernels run, ``backward_hopper``'s dK/dV kernel
-    adding each tile's dQ into a float32 buffer with atomics (one pass over the score tiles: five
-    products a tile against the two-pass backward's seven; the sum's order varies from run to run);
-    elsewhere the deterministic one-launch kernel."""
-    if INTERPRET or not _uses_gluon(q, k, v, do):
-        return _deterministic_fused_backward(q, k, v, o, lse, do, scale, record)
-    B, H, Lq, D = q.shape
-    delta = backward_delta(o, do)
-    grads, _ = _key_grad_buffers(k, n_chunks=1)
-    dq_sum = torch.zeros((B, H, Lq, D), dtype=torch.float32, device=q.device)
-    backward_hopper.dkdv(q, k, v, lse, do, delta, grads, scale, dq=dq_sum)
-    dq = _like_q_layout(q)
-    dq.copy_(dq_sum)
-    if record is not None:
-        record.note("fused", backward_hopper.config_string(D) + ",dq=atomic")
-    return dq, grads
-
-
-# The custom ops torch.compile sees: backward.py's forward op with this module's backwards.
+# The custom ops torch.compile sees: backward.py's forward op with this module's backward.
 _FUSED_ATTENTION_FORWARD = _attention_ops("fused_attention", _fused_backward)
-_DETERMINISTIC_FUSED_ATTENTION_FORWARD = _attention_ops(
-    "deterministic_fused_attention", _deterministic_fused_backward
-)
 
 
-# attention()'s public signature (backward.py) and ``deterministic``: only the backward differs.
+# attention()'s public signature (backward.py): only the backward (and its custom ops) differ.
 def fused_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     scale: float | None = None,
     *,
-    deterministic: bool = False,
     record: ConfigRecord | None = None,
 ) -> torch.Tensor:
-    """Differentiable rectangular attention, softmax(scale · q kᵀ) v, with a fused backward. Inputs
-    as ``attention_forward``'s. On Hopper (bf16/fp16, D 64 or 128, TMA-addressable inputs, keys past
-    ``forward.GLUON_FROM_LK``) dQ is summed with float32 atomics, so it may differ from run to run in
-    the last bits; ``deterministic=True`` takes the one-launch kernel without atomics there too.
-    ``record`` receives the configs of the forward ("forward") and of the backward ("fused", with the
-    compiler's "n_regs" and "n_spills" for the deterministic kernel); it cannot be passed under
-    torch.compile."""
-    if deterministic:
-        return _attend(
-            q, k, v, scale, record, _deterministic_fused_backward, _DETERMINISTIC_FUSED_ATTENTION_FORWARD,
-            "fused_attention",
-        )  # fmt: skip
+    """Differentiable rectangular attention, softmax(scale · q kᵀ) v, with the one-launch fused
+    backward. Inputs as ``attention_forward``'s. ``record`` receives the configs of the forward
+    ("forward") and of the backward ("fused", with the compiler's "n_regs" and "n_spills"); it cannot
+    be passed under torch.compile."""
     return _attend(q, k, v, scale, record, _fused_backward, _FUSED_ATTENTION_FORWARD, "fused_attention")
 
 
