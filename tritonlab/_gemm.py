@@ -29,7 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import tuning, tuning_tables
-from ._runtime import INTERPRET, autocast_dtype
+from ._runtime import INTERPRET, autocast_dtype, cdiv
 from .checks import check_offset_range, check_tensor
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -323,7 +323,7 @@ def aligned_empty(rows: int, cols: int, like: Tensor) -> Tensor:
     matrix with rows 1376 apart costs 0.8% more memory and keeps the backward's GEMMs (and Triton's
     vector loads and stores) on the fast path.
     """
-    stride = triton.cdiv(cols, 16) * 16
+    stride = cdiv(cols, 16) * 16
     return torch.empty((rows, stride), dtype=like.dtype, device=like.device)[:, :cols]
 
 

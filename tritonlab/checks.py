@@ -2,9 +2,8 @@
 what was expected, before any launch -- never a silent wrong answer or a crash inside a kernel."""
 
 import torch
-import triton
 
-from ._runtime import kernel_device_type, sm_count
+from ._runtime import kernel_device_type, next_power_of_2, sm_count
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -73,7 +72,7 @@ def row_block_settings(n_cols: int) -> tuple[int, int, int]:
     About 16 fp32 values per thread: narrow rows are packed several to a program so each program
     still moves a few KB; wide rows get more warps (32 at most, 64 values a thread at 65 536).
     """
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = next_power_of_2(n_cols)
     block_m = max(1, min(16, 2048 // block_n))
     num_warps = min(32, max(4, block_m * block_n // 512))
     return block_m, block_n, num_warps

@@ -42,7 +42,7 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from ._launch import LaunchCache, first_launch, launch
-from ._runtime import sm_count
+from ._runtime import cdiv, sm_count
 from .checks import check_offset_range, check_tensor
 
 __all__ = ["GMMNLLLoss", "gmm_nll"]
@@ -268,11 +268,11 @@ def _counter(device: torch.device) -> Tensor:
 def _n_programs(T: int, device: torch.device) -> int:
     """The forward's grid: at most _FWD_PROGRAMS_PER_SM an SM, spread so each gets the same number
     of tiles (4M rows: 2048 programs of 32 tiles, not 2112 of 31 or 32)."""
-    tiles = triton.cdiv(T, _FWD_BLOCK_T)
+    tiles = cdiv(T, _FWD_BLOCK_T)
     if device.type != "cuda":
         return min(tiles, 4)  # the interpreter: a few programs still cross the reduction path
     most = _FWD_PROGRAMS_PER_SM * sm_count(device)
-    return triton.cdiv(tiles, triton.cdiv(tiles, most))
+    return cdiv(tiles, cdiv(tiles, most))
 
 
 def _check(params: Tensor, y: Tensor) -> Tensor:
@@ -345,7 +345,7 @@ def _backward(params: Tensor, y: Tensor, grad_loss: Tensor) -> Tensor:
     tensors = (params, y, grad_loss, dparams)
     constexprs = _launch_constants(K, _BWD_BLOCK_T, _BWD_WARPS)
     scalars = (T, y.stride(0), 1.0 / T)
-    grid = (triton.cdiv(T, _BWD_BLOCK_T),)
+    grid = (cdiv(T, _BWD_BLOCK_T),)
     launch(_LAUNCHES, _gmm_nll_bwd_kernel, grid, tensors, scalars, constexprs, (params, y, grad_loss))
     return dparams
 

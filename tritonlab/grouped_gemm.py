@@ -29,7 +29,6 @@ time. ``record`` cannot cross a custom op: passing one while compiling is an err
 """
 
 import torch
-import triton
 from torch import Tensor, nn
 
 # Mostly the names mlp.py imports too: both are clients of the shared kernels and helpers in _gemm.
@@ -42,7 +41,7 @@ from ._gemm import (
     check_weights_dtype,
     pad_hidden,
 )
-from ._runtime import INTERPRET
+from ._runtime import INTERPRET, cdiv
 from .tuning import ConfigRecord, dot_precision, refuse_record_under_compile
 
 __all__ = ["GMMHeads", "gmm_heads", "gmm_heads_bmm"]
@@ -86,7 +85,7 @@ def _heads_forward(
     a_strides = (a.stride(0), D_FF, 1) if a is not None else (0, 0, 0)
 
     def grid(meta):
-        return triton.cdiv(T, meta["BLOCK_M"]), 1, G
+        return cdiv(T, meta["BLOCK_M"]), 1, G
 
     _heads_fwd[grid](
         z, w1, w2, out, a, T, D_FF, N_OUT,
@@ -105,11 +104,11 @@ def _heads_backward(z: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, dout: T
     N_OUT = w2.shape[1]
     dout = dout.to(z.dtype).contiguous()
     da = aligned_empty(T, G * D_FF, z)
-    n_row_blocks = triton.cdiv(T, _BWD_BLOCK_M)
+    n_row_blocks = cdiv(T, _BWD_BLOCK_M)
     dw2_partials = torch.empty((n_row_blocks, G, N_OUT, D_FF), dtype=torch.float32, device=z.device)
 
     def grid(meta):
-        return n_row_blocks, triton.cdiv(D_FF, meta["BLOCK_F"]), G
+        return n_row_blocks, cdiv(D_FF, meta["BLOCK_F"]), G
 
     _heads_hidden_bwd[grid](
         z, w1, w2, a, dout, da, None, dw2_partials, T, D_FF, N_OUT,

@@ -57,8 +57,8 @@ from ._gemm import (
     shared_memory_pruner,
     silu_and_grad,
 )
-from ._launch import tma_ok
-from ._runtime import INTERPRET, sm_count
+from ._launch import LaunchCache, first_launch, launch, tma_ok
+from ._runtime import INTERPRET, cdiv, sm_count
 from .tuning import ConfigRecord, dot_precision, pipelined_tile_bytes, refuse_record_under_compile
 from .tuning_tables import autotune
 
@@ -262,7 +262,7 @@ def _forward_in_registers(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, r
     a_strides = (a.stride(0), 0, a.stride(1)) if a is not None else (0, 0, 0)
 
     def grid(meta):
-        return triton.cdiv(T, meta["BLOCK_M"]), triton.cdiv(N_OUT, meta["BLOCK_N"]), 1
+        return cdiv(T, meta["BLOCK_M"]), cdiv(N_OUT, meta["BLOCK_N"]), 1
 
     _fused_mlp_registers[grid](
         x, w1, w2, y, a, T, D_FF, N_OUT,
@@ -285,7 +285,7 @@ def _forward_staged(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, record)
     x, w1, w2 = _tma_ready(x), _tma_ready(w1), _tma_ready(w2)
     T, D_IN = x.shape
     D_FF, N_OUT = w1.shape[0], w2.shape[0]
-    n_programs = min(triton.cdiv(T, _STAGED_BLOCK_M), sm_count(x.device))
+    n_programs = min(cdiv(T, _STAGED_BLOCK_M), sm_count(x.device))
     scratch = aligned_empty(n_programs * _STAGED_BLOCK_M, D_FF, x)
     y = torch.empty((T, N_OUT), dtype=x.dtype, device=x.device)
     # Block shapes are placeholders: each config's pre_hook sets its own.
@@ -306,7 +306,7 @@ def _forward_gemm_silu(x: Tensor, w1: Tensor, w2: Tensor, record) -> tuple[Tenso
     a, h = aligned_empty(T, D_FF, x), aligned_empty(T, D_FF, x)
 
     def grid(meta):
-        return triton.cdiv(T, meta["BLOCK_M"]), triton.cdiv(D_FF, meta["BLOCK_F"]), 1
+        return cdiv(T, meta["BLOCK_M"]), cdiv(D_FF, meta["BLOCK_F"]), 1
 
     _mlp_hidden[grid](
         x, w1, w2, a, None, None, h, None, T, D_FF, w2.shape[0],
@@ -341,8 +341,14 @@ def _hidden_grads(x: Tensor, w1: Tensor, w2: Tensor, a: Tensor | None, dy: Tenso
     h = a if recomputed else torch.empty_like(a)
     n = a.numel()
     assert a.is_contiguous() and dh.is_contiguous(), "D_FF is padded to a multiple of 16: rows are dense"
-    _silu_backward_kernel[(triton.cdiv(n, _SILU_BLOCK),)](a, dh, h, dh, n, BLOCK=_SILU_BLOCK, num_warps=8)
+    launch(
+        _SILU_LAUNCHES, _silu_backward_kernel, (cdiv(n, _SILU_BLOCK),), (a, dh, h, dh), (n,),
+        {"BLOCK": _SILU_BLOCK, "num_warps": 8},
+    )  # fmt: skip
     return dh, h
+
+
+_SILU_LAUNCHES = LaunchCache(first_launch)  # the SiLU backward's direct launches
 
 
 def _mlp_backward(

@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from ._launch import LaunchCache, first_launch, launch
+from ._runtime import cdiv
 
 __all__ = ["AdamW", "WeightShadows"]
 
@@ -108,7 +109,7 @@ def _adamw_launch(p, g, m, v, step, hyper, shadow, *, beta1, beta2, eps, weight_
     launch(
         _LAUNCHES,
         _adamw_kernel,
-        (triton.cdiv(n, BLOCK),),
+        (cdiv(n, BLOCK),),
         (p, g, m, v, step, hyper, shadow),
         (
             n,

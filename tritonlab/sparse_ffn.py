@@ -48,7 +48,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from . import tuning, tuning_tables
 from ._gemm import compute_dtype, shared_memory_pruner
 from ._launch import LaunchCache, autotune_for_launch, signature_key, tma_ok
-from ._runtime import INTERPRET, sm_count
+from ._runtime import INTERPRET, cdiv, sm_count
 from .checks import check_offset_range, check_same, check_tensor
 from .tuning import ConfigRecord, dot_precision
 
@@ -317,7 +317,7 @@ def fixed_slice_matmul(
     )
 
     def grid(meta):
-        tiles = triton.cdiv(T, meta["BLOCK_M"]) * triton.cdiv(D, meta["BLOCK_N"])
+        tiles = cdiv(T, meta["BLOCK_M"]) * cdiv(D, meta["BLOCK_N"])
         return (min(tiles, sm_count(dy.device)) if meta.get("PERSISTENT") else tiles,)
 
     if use_tma:

@@ -134,13 +134,15 @@ def triton_tools_missing(*names: str) -> bool:
     return not all((bundled / name).exists() for name in names)
 
 
-def hopper_descriptor_type(block_rows: int, head_dim: int) -> str:
-    """The signature type of a bf16 (B, H, L, D) host tensor descriptor with tiles of ``block_rows``
-    rows of one head, as Triton names it: what a CPU test's sm_90a build of a Gluon attention
-    kernel (``tritonlab/attention/*_hopper.py``) passes for each descriptor argument."""
+def hopper_descriptor_type(block_rows: int, head_dim: int, dtype: str = "bf16") -> str:
+    """The signature type of a bf16 (or ``dtype``: "fp32") (B, H, L, D) host tensor descriptor with
+    tiles of ``block_rows`` rows of one head, as Triton names it: what a CPU test's sm_90a build of
+    a Gluon attention kernel (``tritonlab/attention/*_hopper.py``) passes for each descriptor
+    argument."""
+    bits = {"bf16": 16, "fp32": 32}[dtype]
     return (
-        f"tensordesc<bf16[1, 1, {block_rows}, {head_dim}],NVMMASharedLayout(swizzle_byte_width=128, "
-        "element_bitwidth=16, rank=4, transposed=False, fp4_padded=False, cga_layout=[])>"
+        f"tensordesc<{dtype}[1, 1, {block_rows}, {head_dim}],NVMMASharedLayout(swizzle_byte_width=128, "
+        f"element_bitwidth={bits}, rank=4, transposed=False, fp4_padded=False, cga_layout=[])>"
     )
 
 

@@ -45,6 +45,8 @@ import torch
 import triton
 from triton.runtime.autotuner import Autotuner
 
+from ._runtime import next_power_of_2
+
 logger = logging.getLogger("tritonlab")
 
 ENV_VAR = "TRITONLAB_AUTOTUNE"
@@ -197,7 +199,7 @@ def _check_entry(entry, where: str) -> None:
 
 def pow2_bucket(n: int) -> int:
     """Lengths to the next power of two: a training run's varying lengths share few buckets."""
-    return triton.next_power_of_2(max(int(n), 1))
+    return next_power_of_2(max(int(n), 1))
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,19 @@ from common.attention_bench import attention_cells, count_cells, sdpa_variants
 from tritonlab.attention import attention, fused_attention
 
 
+def deterministic_fused_attention(q, k, v, record=None):
+    return fused_attention(q, k, v, deterministic=True, record=record)
+
+
 def variants(two_pass: bool) -> dict:
+    """The fused backward (dQ by atomics on Hopper) and SDPA; at the model's shapes also the fused
+    backward's deterministic mode and, with ``two_pass``, the two-pass backward."""
     chosen = {"triton-fused": fused_attention, **sdpa_variants()}
-    return {**chosen, "triton-2pass": attention} if two_pass else chosen
+    return (
+        {**chosen, "triton-fused-det": deterministic_fused_attention, "triton-2pass": attention}
+        if two_pass
+        else chosen
+    )
 
 
 def cells(cases, dtype: str, two_pass_on, graphed_on):

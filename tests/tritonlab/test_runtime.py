@@ -2,9 +2,10 @@
 
 import pytest
 import torch
+import triton
 
 import tritonlab
-from tritonlab._runtime import INTERPRET
+from tritonlab._runtime import INTERPRET, cdiv, next_power_of_2
 from tritonlab.testing import run_without_interpreter
 
 _PRELOAD_CHECK = """
@@ -77,3 +78,11 @@ def test_the_torch_warm_up_leaves_the_random_generators_alone():
     cpu, cuda = torch.get_rng_state(), torch.cuda.get_rng_state()
     _warm_torch(torch.cuda.current_device())
     assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(torch.cuda.get_rng_state(), cuda)
+
+
+@pytest.mark.parametrize("a", [0, 1, 2, 15, 16, 17, 100, 1023, 1024, 1025, 2**40 + 3])
+@pytest.mark.parametrize("b", [1, 3, 16, 64, 128])
+def test_cdiv_and_next_power_of_2_match_triton(a, b):
+    """The host-side helpers the launch paths use instead of Triton's constexpr functions."""
+    assert cdiv(a, b) == triton.cdiv(a, b)
+    assert next_power_of_2(a) == triton.next_power_of_2(a)

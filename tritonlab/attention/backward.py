@@ -36,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import LaunchCache, autotune_for_launch, signature_key, tma_ok
-from .._runtime import INTERPRET
+from .._launch import LaunchCache, autotune_for_launch, first_launch, launch, signature_key, tma_ok
+from .._runtime import INTERPRET, cdiv
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures, refuse_record_under_compile
 from ..tuning_tables import autotune
 from . import backward_hopper
@@ -365,9 +365,9 @@ def _plan_query_chunks(Lq: int, Lk: int, n_bh: int) -> int:
     where tiny test shapes then get several chunks and exercise the reduction.
     """
     align = _INTERPRETER_CONFIG["BLOCK_M"] if INTERPRET else _CHUNK_ALIGN
-    key_blocks = triton.cdiv(Lk, _CHUNK_ALIGN)
-    n_chunks = max(1, min(triton.cdiv(_SM_TARGET, key_blocks * n_bh), triton.cdiv(Lq, align)))
-    return triton.cdiv(triton.cdiv(Lq, n_chunks), align) * align
+    key_blocks = cdiv(Lk, _CHUNK_ALIGN)
+    n_chunks = max(1, min(cdiv(_SM_TARGET, key_blocks * n_bh), cdiv(Lq, align)))
+    return cdiv(cdiv(Lq, n_chunks), align) * align
 
 
 def _like_q_layout(t: torch.Tensor) -> torch.Tensor:
@@ -393,9 +393,13 @@ def _reduce_key_grads(partials: torch.Tensor, grads: torch.Tensor) -> None:
     n_chunks, _, B, H, Lk, D = partials.shape
     n_rows = 2 * B * H * Lk
     block = 32 if INTERPRET else 64
-    _reduce_chunks_kernel[(triton.cdiv(n_rows, block),)](
-        partials, grads, n_chunks, n_rows, H, Lk, *grads.stride()[:4], HEAD_DIM=D, BLOCK=block
-    )
+    launch(
+        _REDUCE_LAUNCHES, _reduce_chunks_kernel, (cdiv(n_rows, block),), (partials, grads),
+        (n_chunks, n_rows, H, Lk, *grads.stride()[:4]), {"HEAD_DIM": D, "BLOCK": block},
+    )  # fmt: skip
+
+
+_REDUCE_LAUNCHES = LaunchCache(first_launch)  # the chunk reduction's direct launches
 
 
 def _partial_strides(partials: torch.Tensor) -> tuple:
@@ -423,7 +427,7 @@ def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord |
 
     # The Gluon dK/dV kernel runs one chunk: every key block sees every query row.
     q_chunk = Lq if gluon else _plan_query_chunks(Lq, Lk, B * H)
-    n_chunks = triton.cdiv(Lq, q_chunk)
+    n_chunks = cdiv(Lq, q_chunk)
     grads, partials = _key_grad_buffers(k, n_chunks)
     dq = _like_q_layout(q)
     buckets = (shape_bucket(Lq), shape_bucket(Lk))
@@ -435,10 +439,10 @@ def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord |
     meta = {"HEAD_DIM": D, "DOT_PRECISION": precision}
 
     def dkdv_grid(c):
-        return (triton.cdiv(Lk, c["BLOCK_N"]), n_chunks, B * H)
+        return (cdiv(Lk, c["BLOCK_N"]), n_chunks, B * H)
 
     def dq_grid(c):
-        return (triton.cdiv(Lq, c["BLOCK_M"]), B * H)
+        return (cdiv(Lq, c["BLOCK_M"]), B * H)
 
     if not INTERPRET:
         signature = (signature_key(q, k, v, do), precision)

@@ -22,17 +22,35 @@ masked in a loop of their own (the mask inside the main loop spilled 68 bytes a 
 sm_90a on the CPU (Gluon does not run in Triton's interpreter).
 """
 
-import triton
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from .._launch import LaunchCache, first_launch, launch
+from .._runtime import cdiv
 from ._common import LOG2E
-from .forward_hopper import descriptor, mma_layout
+from .forward_hopper import descriptor, mma_layout, shared_layout
 
 ROWS = 64  # one warpgroup's MMA rows
 WARPGROUPS = 2
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add a shared-memory tile into global memory through TMA (``cp.reduce.async.bulk.tensor``):
+    Triton 3.6 builds the operation for Gluon but does not expose it; this is its store's twin."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(
+        ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
+    )
 
 
 # --- dK, dV: a key block per program, query tiles streamed ------------------------------------
@@ -71,9 +89,12 @@ def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs,
 
 @gluon.jit
 def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale,
-               MASKED: gl.constexpr):  # fmt: skip
+               ds_smem, dq_smem, dq_desc, b, h, scale, MASKED: gl.constexpr, FUSED_DQ: gl.constexpr):  # fmt: skip
     """One query tile's dV += Pᵀ dO and dK += dSᵀ Q (unscaled) from ring slot ``i % STAGES``;
-    ``MASKED``: the causal mask, for the tiles where some query precedes some of these keys."""
+    ``MASKED``: the causal mask, for the tiles where some query precedes some of these keys.
+    ``FUSED_DQ``: also this warpgroup's share of the tile's dQ, scale · dS K, added into the fp32 dQ
+    of ``dq_desc`` by a TMA reduction from ``dq_smem`` (dS goes through ``ds_smem``: the product
+    needs it transposed)."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
@@ -101,17 +122,33 @@ def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, rea
     p_a = gl.convert_layout(p_t.to(dtype), a_layout)
     dv_tok = warpgroup_mma(p_a, do_tile, dv, is_async=True)
     dp_t = warpgroup_mma_wait(1, deps=[dpt_tok])
-    ds_a = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(dtype), a_layout)
+    ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
+    ds_a = gl.convert_layout(ds_t, a_layout)
     dk_tok = warpgroup_mma(ds_a, q_tile, dk, is_async=True)
-    dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
-    mbarrier.arrive(empty_bars.index(slot), count=1)
+    if FUSED_DQ:
+        g_layout: gl.constexpr = mma_layout(HEAD_DIM)
+        ds_smem.store(ds_t)
+        fence_async_shared()
+        dq_tok = warpgroup_mma(
+            ds_smem.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, g_layout),
+            use_acc=False, is_async=True,
+        )  # fmt: skip
+        dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
+        mbarrier.arrive(empty_bars.index(slot), count=1)
+        tma.store_wait(0)  # the previous tile's reduction has read the staging tile
+        dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq * scale)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [b, h, j * BLOCK_M, 0], dq_smem)
+    else:
+        dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+        mbarrier.arrive(empty_bars.index(slot), count=1)
     return dk, dv
 
 
 @gluon.jit
 def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, GRADS, scale,
                   qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles,
-                  CAUSAL: gl.constexpr):  # fmt: skip
+                  ds_smem, dq_smem, dq_desc, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
     KEYS: gl.constexpr = k_smem.shape[2]
@@ -130,11 +167,15 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
         unmasked_from = gl.minimum(gl.cdiv(key_start + KEYS, BLOCK_M), n_tiles)
         for j in range(first_tile, unmasked_from):
             dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
-                                empty_bars, dk, dv, qk_scale, True)  # fmt: skip
+                                empty_bars, dk, dv, qk_scale, ds_smem, dq_smem, dq_desc, b, h, scale, True,
+                                FUSED_DQ)  # fmt: skip
     for j in range(unmasked_from, n_tiles):
         dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
-                            empty_bars, dk, dv, qk_scale, False)  # fmt: skip
+                            empty_bars, dk, dv, qk_scale, ds_smem, dq_smem, dq_desc, b, h, scale, False,
+                            FUSED_DQ)  # fmt: skip
 
+    if FUSED_DQ:
+        tma.store_wait(0)
     keys = key_start + gl.arange(0, KEYS, layout=gl.SliceLayout(1, g_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
     offs = b.to(gl.int64) * stride_gb + h.to(gl.int64) * stride_gh + keys.to(gl.int64)[:, None] * stride_gl
@@ -146,10 +187,10 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
 
 @gluon.jit
 def _dkdv_kernel(
-    q_desc, k_desc, v_desc, do_desc, LSE, DELTA, GRADS, scale, qk_scale,
+    q_desc, k_desc, v_desc, do_desc, LSE, DELTA, GRADS, dq_desc, scale, qk_scale,
     stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
-    REGS: gl.constexpr = 240,
+    REGS: gl.constexpr = 240, FUSED_DQ: gl.constexpr = False, DS_LAYOUT: gl.constexpr = None,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
@@ -187,15 +228,29 @@ def _dkdv_kernel(
         mbarrier.init(ready_bars.index(i), count=2)  # the TMA copies' expect, and the staged stats
         mbarrier.init(empty_bars.index(i), count=2)
     stats = pid_bh.to(gl.int64) * Lq
+    if FUSED_DQ:
+        ds_bufs = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], DS_LAYOUT)
+        ds_0 = ds_bufs.index(0)
+        ds_1 = ds_bufs.index(1)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        dq_0 = dq_bufs.index(0)
+        dq_1 = dq_bufs.index(1)
+    else:
+        ds_0 = lse_bufs  # unused
+        ds_1 = lse_bufs
+        dq_0 = lse_bufs
+        dq_1 = lse_bufs
 
     gl.warp_specialize(
         [
             (_dkdv_compute, (k_bufs.index(0), v_bufs.index(0), kv_bars.index(0), q_bufs, do_bufs, lse_bufs,
                              delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
-                             stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles, CAUSAL)),
+                             stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles, ds_0, dq_0, dq_desc,
+                             CAUSAL, FUSED_DQ)),
             (_dkdv_compute, (k_bufs.index(1), v_bufs.index(1), kv_bars.index(1), q_bufs, do_bufs, lse_bufs,
                              delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
-                             stride_gh, stride_gl, b, h, key_start + KEYS, Lk, first_tile, n_tiles, CAUSAL)),
+                             stride_gh, stride_gl, b, h, key_start + KEYS, Lk, first_tile, n_tiles, ds_1, dq_1,
+                             dq_desc, CAUSAL, FUSED_DQ)),
             (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs,
                           kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, n_tiles,
                           BLOCK_M, STAGES)),
@@ -227,18 +282,21 @@ _LAUNCHES = LaunchCache(first_launch)
 
 
 def dkdv(
-    q, k, v, lse, do, delta, grads, scale: float, causal: bool = False, config: tuple | None = None
+    q, k, v, lse, do, delta, grads, scale: float, causal: bool = False, config: tuple | None = None, dq=None
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
-    keeps key j for query i when i >= j (top-left aligned). ``config`` overrides ``CONFIGS[D]``."""
+    keeps key j for query i when i >= j (top-left aligned). ``config`` overrides ``CONFIGS[D]``.
+    With ``dq``, a zeroed float32 (B, H, Lq, D) contiguous tensor, dQ is added into it too, by TMA
+    reductions: the fused backward, whose dQ sum runs in no fixed order."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     block_m, stages, regs = config or CONFIGS[D]
+    fused = dq is not None
     launch(
         _LAUNCHES,
         _dkdv_kernel,
-        (triton.cdiv(Lk, ROWS * WARPGROUPS) * B * H,),
+        (cdiv(Lk, ROWS * WARPGROUPS) * B * H,),
         (
             descriptor(q, block_m),
             descriptor(k, ROWS),
@@ -247,11 +305,16 @@ def dkdv(
             lse,
             delta,
             grads,
+            descriptor(dq, block_m) if fused else None,
         ),
         (float(scale), float(scale * LOG2E), *grads.stride()[:4], H, Lq, Lk),
-        {"HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs, "num_warps": 4},
+        {
+            "HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
+            "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), q.dtype) if fused else None,
+            "num_warps": 4,
+        },
         key_tensors=(q, k, v, do, grads),
-    )
+    )  # fmt: skip
 
 
 __all__ = ["CONFIGS", "config_string", "dkdv"]

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from .._launch import tma_ok, use_descriptor_scratch
-from .._runtime import INTERPRET
+from .._runtime import INTERPRET, cdiv
 from ..tuning import dot_precision
 from ..tuning_tables import TUNER, dtype_name, gpu_slug
 from . import backward_hopper, forward_hopper
@@ -568,7 +568,7 @@ def flash_forward(
     if loader == "tma" and not use_tma:
         raise ValueError("loader: 'tma' needs unit stride along D and 16-byte aligned rows in q, k and v")
     use_descriptor_scratch()
-    grid = (triton.cdiv(n_q, cfg.block_m) * batch,)
+    grid = (cdiv(n_q, cfg.block_m) * batch,)
     _fwd_kernel[grid](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, sm_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=is_causal,
@@ -607,7 +607,7 @@ def flash_backward(
         sm_scale,
     )
     # dQ first: the GPU runs it while the host builds the Gluon kernel's descriptors.
-    _bwd_dq_kernel[(triton.cdiv(n_q, dq_cfg.block_m), batch)](
+    _bwd_dq_kernel[(cdiv(n_q, dq_cfg.block_m), batch)](
         q, k, v, grad_o, lse, delta, dq, *common_args,
         HEAD_DIM=head_dim, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, CAUSAL=is_causal,
         EVEN_M=n_q % dq_cfg.block_m == 0, DOT_PRECISION=precision,
@@ -623,7 +623,7 @@ def flash_backward(
         # (looked up only here: the Gluon path has no use for the Triton kernel's tiles)
         dkdv_cfg = dkdv_config or tile_config("dkdv", q.dtype, head_dim, is_causal, q.device)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        _bwd_dkdv_kernel[(triton.cdiv(n_k, dkdv_cfg.block_n), batch)](
+        _bwd_dkdv_kernel[(cdiv(n_k, dkdv_cfg.block_n), batch)](
             q, k, v, grad_o, lse, delta, dk, dv, *common_args,
             HEAD_DIM=head_dim, BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, CAUSAL=is_causal,
             EVEN_N=n_k % dkdv_cfg.block_n == 0, DOT_PRECISION=precision,

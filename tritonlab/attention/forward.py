@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .._launch import LaunchCache, autotune_for_launch, signature_key, tma_ok, use_descriptor_scratch
-from .._runtime import INTERPRET
+from .._runtime import INTERPRET, cdiv, next_power_of_2
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures
 from ..tuning_tables import autotune
 from . import forward_hopper
@@ -190,7 +190,7 @@ def _prune(configs, named_args, **kwargs):
     kept = [
         c
         for c in loaders
-        if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(lk))
+        if c.kwargs["BLOCK_N"] <= max(64, next_power_of_2(lk))
         and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= 64 * 64  # the small tiles: only a fallback
         and _fits(c, elem, d)
     ]
@@ -240,7 +240,7 @@ def _tune(tensors: tuple, impl: str) -> tuple:
         return autotune_for_launch(
             tensors,
             _fwd_autotuned,
-            lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,),
+            lambda cfg: (cdiv(Lq, cfg["BLOCK_M"]) * B * H,),
             _shape_args(q, k, v, o, choice),
             meta,
         )
@@ -288,7 +288,7 @@ def _checked_forward(q, k, v, scale: float, impl: str = "auto", record: ConfigRe
     else:  # the interpreter: one fixed small config, TMA unless the caller or the strides rule it out
         use_tma = impl != "blockptr" and tma_ok(q, k, v, o)
         args = tensors + _shape_args(q, k, v, o, _IMPL_CHOICE["tma" if use_tma else "blockptr"])
-        grid = (triton.cdiv(Lq, _INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
+        grid = (cdiv(Lq, _INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
         _attn_fwd_kernel[grid](
             *args,
             HEAD_DIM=D,

@@ -40,13 +40,13 @@ everywhere else, and this one is tested on the GPU and built for sm_90a on the C
 import functools
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .._launch import LaunchCache, first_launch, launch, tma_ok
+from .._runtime import cdiv
 
 GLUON_HEAD_DIMS = (64, 128)
 ROWS_PER_WARPGROUP = 64
@@ -241,11 +241,11 @@ CONFIGS = {64: (128, 3), 128: (64, 3)}
 
 
 def _gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
 
 
 @functools.cache
-def _shared_layout(block: tuple, dtype: torch.dtype):
+def shared_layout(block: tuple, dtype: torch.dtype):
     # Built once per tile shape and dtype: a few microseconds of host time per descriptor otherwise.
     return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
 
@@ -253,7 +253,7 @@ def _shared_layout(block: tuple, dtype: torch.dtype):
 def descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     """A (B, H, L, D) tensor's TMA descriptor, tiles of ``block_rows`` rows of one head."""
     block = (1, 1, block_rows, t.shape[-1])
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _shared_layout(block, t.dtype))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), shared_layout(block, t.dtype))
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -286,7 +286,7 @@ def forward(q, k, v, o, lse, qk_scale: float, causal: bool = False) -> None:
     ``causal`` keeps key j for query i when i >= j (top-left aligned)."""
     B, H, Lq, D = q.shape
     block_n, stages = CONFIGS[D]
-    grid = (triton.cdiv(Lq, BLOCK_M) * B * H,)
+    grid = (cdiv(Lq, BLOCK_M) * B * H,)
     descriptors = (descriptor(q, ROWS_PER_WARPGROUP), descriptor(k, block_n), descriptor(v, block_n))
     launch(
         _LAUNCHES,

@@ -67,7 +67,7 @@ import triton
 import triton.language as tl
 
 from .._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, use_descriptor_scratch
-from .._runtime import INTERPRET
+from .._runtime import INTERPRET, cdiv, next_power_of_2
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures
 from ..tuning_tables import autotune
@@ -181,7 +181,7 @@ def _quantize_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
     (B·H, Lk'/KV_BLOCK, D)) for k, v (B, H, Lk, D) in any strides; Lk' is Lk rounded up to KV_BLOCK,
     the padding zero. V8ᵀ holds V less its block's means."""
     B, H, Lk, D = k.shape
-    n_blocks = triton.cdiv(Lk, KV_BLOCK)
+    n_blocks = cdiv(Lk, KV_BLOCK)
     lk_pad = n_blocks * KV_BLOCK
     k8 = torch.empty((B * H, lk_pad, D), dtype=FP8_DTYPE, device=k.device)
     v8t = torch.empty((B * H, D, lk_pad), dtype=FP8_DTYPE, device=k.device)
@@ -234,7 +234,7 @@ def _dequantize(x: torch.Tensor, block: int, centred: bool = False) -> torch.Ten
     out = torch.empty((B, H, L, D), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    tensors, grid = (x, out), (triton.cdiv(L, block), B * H)
+    tensors, grid = (x, out), (cdiv(L, block), B * H)
     shape_args = (*strides4(x), H, L)
     meta = {"HEAD_DIM": D, "BLOCK": block, "CENTRED": centred, "EXACT_CAST": INTERPRET}
     if INTERPRET:
@@ -394,7 +394,7 @@ def _prune(configs, named_args, **kwargs):
     # Configs that do not spill at this head dim and fit the GPU; K tiles no longer than the keys need.
     lk, d = named_args["Lk"], kwargs.get("HEAD_DIM", 64)
     usable = [c for c in configs if d in _HEAD_DIMS_OF[_key(c)] and _fits(c, d)]
-    kept = [c for c in usable if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(lk))]
+    kept = [c for c in usable if c.kwargs["BLOCK_N"] <= max(64, next_power_of_2(lk))]
     return kept or smallest(usable or configs, "BLOCK_M", "BLOCK_N")
 
 
@@ -424,7 +424,7 @@ def _tune(tensors: tuple, shape_args: tuple) -> tuple:
     meta = {"HEAD_DIM": D, "KV_BLOCK": KV_BLOCK, "EXACT_CAST": False}
     with quiet_compile_failures("fp8 attention forward"):
         return autotune_for_launch(
-            tensors, _fwd_autotuned, lambda cfg: (triton.cdiv(Lq, cfg["BLOCK_M"]) * B * H,), shape_args, meta
+            tensors, _fwd_autotuned, lambda cfg: (cdiv(Lq, cfg["BLOCK_M"]) * B * H,), shape_args, meta
         )
 
 
@@ -447,7 +447,7 @@ def _fp8_forward_tiled(q, k, v, scale: float, record: ConfigRecord | None = None
     if not INTERPRET:
         config = _LAUNCHES.launch((signature_key(q), Lk), tensors, shape_args)
     else:
-        grid = (triton.cdiv(Lq, _INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
+        grid = (cdiv(Lq, _INTERPRETER_CONFIG["BLOCK_M"]) * B * H,)
         _fp8_fwd_kernel[grid](
             *tensors, *shape_args, HEAD_DIM=D, KV_BLOCK=KV_BLOCK, EXACT_CAST=True,
             **_INTERPRETER_CONFIG,

@@ -37,11 +37,13 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources, PTXASError
 
 from .._launch import LaunchCache, autotune_for_launch, signature_key
-from .._runtime import INTERPRET
+from .._runtime import INTERPRET, cdiv, next_power_of_2
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures
 from ..tuning_tables import autotune
+from . import backward_hopper
 from ._common import (
     LOG2E,
+    backward_delta,
     config_string,
     fits,
     load_rows,
@@ -63,6 +65,7 @@ from .backward import (
     _query_chunk,
     _reduce_key_grads,
     _store_key_block,
+    _uses_gluon,
 )
 
 
@@ -202,7 +205,7 @@ def _prune(configs, named_args, **kwargs):
     elem, d, lk = named_args["Q"].element_size(), kwargs.get("HEAD_DIM", 64), named_args["Lk"]
     if named_args["Lq"] == 1 and lk == 1:
         configs = [c for c in configs if _space_tuple(c) not in _PTXAS_CRASHES_AT_ONE_BY_ONE]
-    width = max(64, triton.next_power_of_2(lk))
+    width = max(64, next_power_of_2(lk))
     usable = [c for c in configs if not c.kwargs["KEYS_WRITE_DQ"] or lk <= c.kwargs["BLOCK_N1"]]
     fitting = [c for c in usable if _fits(c, elem, d)]
     kept = [
@@ -267,8 +270,8 @@ def _interpreter_config(Lk: int) -> dict:
 def _grid(cfg: dict, Lq: int, Lk: int, n_bh: int, n_chunks: int) -> tuple[int, int, int]:
     if cfg["KEYS_WRITE_DQ"] and Lk > cfg["BLOCK_N1"]:  # _prune's rule, kept across a bucket
         raise RuntimeError(f"fused backward: a config with KEYS_WRITE_DQ chosen for Lk={Lk}")
-    key_blocks = triton.cdiv(Lk, cfg["BLOCK_N1"])
-    query_programs = 0 if cfg["KEYS_WRITE_DQ"] else triton.cdiv(Lq, cfg["BLOCK_M2"])
+    key_blocks = cdiv(Lk, cfg["BLOCK_N1"])
+    query_programs = 0 if cfg["KEYS_WRITE_DQ"] else cdiv(Lq, cfg["BLOCK_M2"])
     return (key_blocks * n_chunks + query_programs, n_bh, 1)
 
 
@@ -305,13 +308,13 @@ def _tune(tensors: tuple, q_chunk: int, n_chunks: int) -> tuple:
 _LAUNCHES = LaunchCache(_tune)
 
 
-def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
+def _deterministic_fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
     """dQ and the stacked (dK, dV), as ``_two_pass_backward``'s, in one launch (plus the chunk
-    reduction when the query rows are split)."""
+    reduction when the query rows are split); no atomics."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     q_chunk = _plan_query_chunks(Lq, Lk, B * H)
-    n_chunks = triton.cdiv(Lq, q_chunk)
+    n_chunks = cdiv(Lq, q_chunk)
     grads, partials = _key_grad_buffers(k, n_chunks)
     dq = _like_q_layout(q)
     tensors = (q, k, v, o, do, lse, dq, partials[:, 0], partials[:, 1], scale, scale * LOG2E)
@@ -335,23 +338,54 @@ def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | No
     return dq, grads
 
 
-# The custom ops torch.compile sees: backward.py's forward op with this module's backward.
+def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
+    """The fused backward: on Hopper, where the Gluon kernels run, ``backward_hopper``'s dK/dV kernel
+    adding each tile's dQ into a float32 buffer with atomics (one pass over the score tiles: five
+    products a tile against the two-pass backward's seven; the sum's order varies from run to run);
+    elsewhere the deterministic one-launch kernel."""
+    if INTERPRET or not _uses_gluon(q, k, v, do):
+        return _deterministic_fused_backward(q, k, v, o, lse, do, scale, record)
+    B, H, Lq, D = q.shape
+    delta = backward_delta(o, do)
+    grads, _ = _key_grad_buffers(k, n_chunks=1)
+    dq_sum = torch.zeros((B, H, Lq, D), dtype=torch.float32, device=q.device)
+    backward_hopper.dkdv(q, k, v, lse, do, delta, grads, scale, dq=dq_sum)
+    dq = _like_q_layout(q)
+    dq.copy_(dq_sum)
+    if record is not None:
+        record.note("fused", backward_hopper.config_string(D) + ",dq=atomic")
+    return dq, grads
+
+
+# The custom ops torch.compile sees: backward.py's forward op with this module's backwards.
 _FUSED_ATTENTION_FORWARD = _attention_ops("fused_attention", _fused_backward)
+_DETERMINISTIC_FUSED_ATTENTION_FORWARD = _attention_ops(
+    "deterministic_fused_attention", _deterministic_fused_backward
+)
 
 
-# attention()'s public signature (backward.py): only the backward (and its custom ops) differ.
+# attention()'s public signature (backward.py) and ``deterministic``: only the backward differs.
 def fused_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     scale: float | None = None,
     *,
+    deterministic: bool = False,
     record: ConfigRecord | None = None,
 ) -> torch.Tensor:
-    """Differentiable rectangular attention, softmax(scale · q kᵀ) v, with the one-launch fused
-    backward. Inputs as ``attention_forward``'s. ``record`` receives the configs of the forward
-    ("forward") and of the backward ("fused", with the compiler's "n_regs" and "n_spills"); it cannot
-    be passed under torch.compile."""
+    """Differentiable rectangular attention, softmax(scale · q kᵀ) v, with a fused backward. Inputs
+    as ``attention_forward``'s. On Hopper (bf16/fp16, D 64 or 128, TMA-addressable inputs, keys past
+    ``forward.GLUON_FROM_LK``) dQ is summed with float32 atomics, so it may differ from run to run in
+    the last bits; ``deterministic=True`` takes the one-launch kernel without atomics there too.
+    ``record`` receives the configs of the forward ("forward") and of the backward ("fused", with the
+    compiler's "n_regs" and "n_spills" for the deterministic kernel); it cannot be passed under
+    torch.compile."""
+    if deterministic:
+        return _attend(
+            q, k, v, scale, record, _deterministic_fused_backward, _DETERMINISTIC_FUSED_ATTENTION_FORWARD,
+            "fused_attention",
+        )  # fmt: skip
     return _attend(q, k, v, scale, record, _fused_backward, _FUSED_ATTENTION_FORWARD, "fused_attention")
 
 

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .._launch import LaunchCache, first_launch, launch
+from .._runtime import cdiv
 from ..checks import check_same, check_tensor
 
 BLOCK = 4096
@@ -117,7 +118,7 @@ def _launch(kernel, tensors: tuple, n: int, **constexprs) -> None:
     launch(
         _LAUNCHES,
         kernel,
-        (triton.cdiv(n, BLOCK),),
+        (cdiv(n, BLOCK),),
         tensors,
         (n,),
         dict(constexprs, BLOCK=BLOCK, num_warps=NUM_WARPS),

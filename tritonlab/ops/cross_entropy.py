@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from .._launch import LaunchCache, first_launch, launch
-from .._runtime import INTERPRET
+from .._runtime import INTERPRET, next_power_of_2
 from ..checks import as_rows, check_tensor, persistent_programs
 
 # Above this softcap, exp(-2 * softcap) leaves float32's normal range: the fixed-max sweep stops there.
@@ -78,7 +78,7 @@ class CrossEntropySettings:
     target_fixup: bool = True
 
     def block_v(self, element_size: int) -> int:
-        return triton.next_power_of_2(max(16, self.block_bytes // element_size))
+        return next_power_of_2(max(16, self.block_bytes // element_size))
 
     def tile_cols(self, element_size: int) -> int:
         """The columns of the tiles whose per-lane sums stay small (``_tile``: the fixed max's sweep 1,

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .._launch import LaunchCache, first_launch, launch
+from .._runtime import cdiv, next_power_of_2
 from ..checks import as_rows, check_row_width, check_tensor
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -103,10 +104,10 @@ def _dequantize_kernel(
 def _layout(n_cols: int, granularity: str, block: int) -> tuple[int, int, int, int, int]:
     """(groups per row, padded groups, group width, rows per program, warps)."""
     if granularity == "row":
-        n_groups, group = 1, triton.next_power_of_2(n_cols)
+        n_groups, group = 1, next_power_of_2(n_cols)
     else:
-        n_groups, group = triton.cdiv(n_cols, block), block
-    block_g = triton.next_power_of_2(n_groups)
+        n_groups, group = cdiv(n_cols, block), block
+    block_g = next_power_of_2(n_groups)
     row_elems = block_g * group
     block_m = max(1, min(16, 2048 // row_elems))
     num_warps = min(32, max(4, block_m * row_elems // 512))
@@ -123,7 +124,7 @@ def _launch(kernel, a, b, c, n_cols: int, layout: tuple) -> None:
     n_groups, block_g, group, block_m, num_warps = layout
     n_rows = a.shape[0]
     launch(
-        _LAUNCHES, kernel, (triton.cdiv(n_rows, block_m),), (a, b, c),
+        _LAUNCHES, kernel, (cdiv(n_rows, block_m),), (a, b, c),
         (n_rows, n_cols, n_groups, a.stride(0), b.stride(0), c.stride(0)),
         dict(BLOCK_M=block_m, BLOCK_G=block_g, GROUP=group, num_warps=num_warps),
     )  # fmt: skip

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .._launch import LaunchCache, first_launch, launch
-from .._runtime import sm_count
+from .._runtime import cdiv, next_power_of_2, sm_count
 from ..checks import as_rows, check_row_width, check_tensor, persistent_programs, row_block_settings
 from ..tuning import fits_shared_memory
 
@@ -260,7 +260,7 @@ def _forward(
     launch(
         _LAUNCHES,
         _rms_norm_fwd_kernel,
-        (triton.cdiv(n_rows, block_m),),
+        (cdiv(n_rows, block_m),),
         (x2, weight, y, rstd, residual2, s),
         (n_rows, n_cols, x2.stride(0), y.stride(0), float(eps)),
         dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **options),
@@ -299,10 +299,10 @@ def _sum_partials_blocks(n_parts: int, n_cols: int, device) -> tuple[int, int]:
     padded width), and as many partial rows a step as make PARTIALS_TILE values (at most all of them)."""
     strips = PARTIALS_STRIPS_PER_SM * sm_count(device)
     block_c = min(
-        triton.next_power_of_2(n_cols),
-        max(PARTIALS_MIN_STRIP, triton.next_power_of_2(triton.cdiv(n_cols, strips))),
+        next_power_of_2(n_cols),
+        max(PARTIALS_MIN_STRIP, next_power_of_2(cdiv(n_cols, strips))),
     )
-    block_p = min(triton.next_power_of_2(n_parts), max(1, PARTIALS_TILE // block_c))
+    block_p = min(next_power_of_2(n_parts), max(1, PARTIALS_TILE // block_c))
     return block_p, block_c
 
 
@@ -325,7 +325,7 @@ def _backward(
     block_m, block_n, num_warps = row_block_settings(n_cols)
     # As many programs as fill bwd_warps_per_sm warps on each SM; few enough that the partial sums stay small.
     per_sm = max(1, settings.bwd_warps_per_sm // num_warps)
-    n_programs = persistent_programs(triton.cdiv(n_rows, block_m), per_sm)
+    n_programs = persistent_programs(cdiv(n_rows, block_m), per_sm)
     partial = (
         torch.empty((n_programs, n_cols), dtype=torch.float32, device=x2.device)
         if weight is not None
@@ -358,7 +358,7 @@ def _backward(
     launch(
         _LAUNCHES,
         _sum_partials_kernel,
-        (triton.cdiv(n_cols, block_c),),
+        (cdiv(n_cols, block_c),),
         (partial, dw),
         (n_programs, n_cols),
         dict(BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4),

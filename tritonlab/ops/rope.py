@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .._launch import LaunchCache, first_launch, launch
-from .._runtime import kernel_device_type
+from .._runtime import kernel_device_type, next_power_of_2
 from ..checks import check_tensor
 
 
@@ -87,8 +87,8 @@ def _launch(q, k, cos, sin, backward: bool):
     n_k_heads = k.shape[2]
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    block_hq, block_hk = triton.next_power_of_2(n_q_heads), triton.next_power_of_2(n_k_heads)
-    block_d = triton.next_power_of_2(head_dim // 2)
+    block_hq, block_hk = next_power_of_2(n_q_heads), next_power_of_2(n_k_heads)
+    block_d = next_power_of_2(head_dim // 2)
     num_warps = 4 if max(block_hq, block_hk) * block_d <= 2048 else 8
     launch(
         _LAUNCHES,

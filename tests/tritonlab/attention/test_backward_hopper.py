@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tritonlab._runtime import kernel_device_type
-from tritonlab.attention import attention
+from tritonlab.attention import attention, fused_attention
 from tritonlab.attention.forward import GLUON_FROM_LK
 from tritonlab.testing import model_qkv, rel_err, run_without_interpreter, triton_tools_missing
 from tritonlab.tuning import HOPPER_SHARED_MEMORY, ConfigRecord
@@ -21,21 +21,30 @@ import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
+import torch
 from tritonlab.attention.backward_hopper import CONFIGS, ROWS, _dkdv_kernel
+from tritonlab.attention.forward_hopper import shared_layout
 from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report
 
 results = {}
-for (d, (block_m, stages, regs)), causal in [(c, causal) for c in CONFIGS.items() for causal in (False, True)]:
+for (d, (block_m, stages, regs)), causal, fused in [
+    (c, causal, fused) for c in CONFIGS.items() for causal in (False, True) for fused in (False, True)
+]:
     sig = {"q_desc": desc(block_m, d), "k_desc": desc(ROWS, d), "v_desc": desc(ROWS, d), "do_desc": desc(block_m, d),
-           "LSE": "*fp32", "DELTA": "*fp32", "GRADS": "*bf16", "scale": "fp32", "qk_scale": "fp32",
+           "LSE": "*fp32", "DELTA": "*fp32", "GRADS": "*bf16",
+           "dq_desc": desc(block_m, d, "fp32") if fused else "constexpr",
+           "scale": "fp32", "qk_scale": "fp32",
            "stride_gs": "i64", "stride_gb": "i32", "stride_gh": "i32", "stride_gl": "i32", "H": "i32", "Lq": "i32",
            "Lk": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "STAGES": "constexpr",
-           "CAUSAL": "constexpr", "REGS": "constexpr"}
-    consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs}
+           "CAUSAL": "constexpr", "REGS": "constexpr", "FUSED_DQ": "constexpr", "DS_LAYOUT": "constexpr"}
+    consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
+              "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), torch.bfloat16) if fused else None}
+    if not fused:
+        consts["dq_desc"] = None
     out = triton.compile(GluonASTSource(_dkdv_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4})
-    results[f"{d}-{causal}"] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
+    results[f"{d}-{causal}" + ("-fused" if fused else "")] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
                   **ptxas_report(out.asm["ptx"], "sm_90a")}
 print(json.dumps(results))
 """
@@ -59,13 +68,16 @@ def test_the_sm90a_build_fits_hopper():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("backward", ["two-pass", "fused"])
 @pytest.mark.parametrize("layout", ["model", "contiguous"])
 @pytest.mark.parametrize(("dtype", "D"), [(torch.bfloat16, 64), (torch.float16, 64), (torch.bfloat16, 128)])
 @pytest.mark.parametrize(
     ("B", "H", "Lq", "Lk"),
     [(1, 2, 257, GLUON_FROM_LK), (2, 1, 1000, 1017), (1, 8, 193, 1100), (1, 1, 1, 1000), (2, 3, 130, 2049)],
 )
-def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, D, layout):
+def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, D, layout, backward):
+    """The two-pass backward's Gluon dK/dV, and the fused backward's (the same kernel adding dQ with
+    atomics), against float64."""
     if layout == "model":
         q, k, v = model_qkv(B, H, Lq, Lk, D, dtype)
     else:
@@ -73,8 +85,12 @@ def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, D, layout):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     do = torch.randn(B, H, Lq, D, device="cuda", dtype=dtype)
     record = ConfigRecord()
-    attention(q, k, v, record=record).backward(do)
-    assert record.picked["dkdv"].startswith("gluon:"), record.picked
+    fn = attention if backward == "two-pass" else fused_attention
+    fn(q, k, v, record=record).backward(do)
+    if backward == "two-pass":
+        assert record.picked["dkdv"].startswith("gluon:"), record.picked
+    else:
+        assert record.picked["fused"].startswith("gluon:") and record.picked["fused"].endswith("dq=atomic")
     ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
     o_ref = torch.softmax(ref[0] @ ref[1].transpose(-1, -2) * D**-0.5, -1) @ ref[2]
     o_ref.backward(do.double())
@@ -82,3 +98,21 @@ def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, D, layout):
     for name, got, want in zip("qkv", (q, k, v), ref, strict=True):
         assert torch.isfinite(got.grad).all(), name
         assert rel_err(got.grad, want.grad) < bound, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+def test_deterministic_fused_backward_repeats_bit_for_bit():
+    """deterministic=True keeps the one-launch kernel without atomics on Hopper: the same gradients
+    on every run."""
+    q, k, v = model_qkv(2, 4, 1000, 2049, 64, torch.bfloat16)
+    do = torch.randn(2, 4, 1000, 64, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for _ in range(2):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        record = ConfigRecord()
+        fused_attention(*leaves, deterministic=True, record=record).backward(do)
+        assert not record.picked["fused"].startswith("gluon:"), record.picked
+        grads.append([t.grad for t in leaves])
+    for first, second in zip(*grads, strict=True):
+        assert torch.equal(first, second)
