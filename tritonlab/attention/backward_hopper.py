@@ -93,7 +93,7 @@ def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, rea
     """One query tile's dV += Pᵀ dO and dK += dSᵀ Q (unscaled) from ring slot ``i % STAGES``;
     ``MASKED``: the causal mask, for the tiles where some query precedes some of these keys.
     ``FUSED_DQ``: also this warpgroup's share of the tile's dQ, scale · dS K, added into the fp32 dQ
-    of ``dq_desc`` by a TMA reduction from ``dq_smem`` (dS goes through ``ds_smem``: the product
+    of ``dq_desc`` by a TMA reduction from a ring of staging tiles ``dq_smem`` (dS goes through ``ds_smem``: the product
     needs it transposed)."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
@@ -135,10 +135,12 @@ def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, rea
         )  # fmt: skip
         dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
         mbarrier.arrive(empty_bars.index(slot), count=1)
-        tma.store_wait(0)  # the previous tile's reduction has read the staging tile
-        dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq * scale)
+        DQ_STAGES: gl.constexpr = dq_smem.shape[0]
+        tma.store_wait(DQ_STAGES - 1)  # the reduction that last read this staging tile is done
+        staged = dq_smem.index(i % DQ_STAGES)
+        staged.reshape([BLOCK_M, HEAD_DIM]).store(dq * scale)
         fence_async_shared()
-        _tma_reduce_add(dq_desc, [b, h, j * BLOCK_M, 0], dq_smem)
+        _tma_reduce_add(dq_desc, [b, h, j * BLOCK_M, 0], staged)
     else:
         dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
         mbarrier.arrive(empty_bars.index(slot), count=1)
@@ -191,6 +193,7 @@ def _dkdv_kernel(
     stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
     REGS: gl.constexpr = 240, FUSED_DQ: gl.constexpr = False, DS_LAYOUT: gl.constexpr = None,
+    DQ_STAGES: gl.constexpr = 1,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
@@ -232,9 +235,8 @@ def _dkdv_kernel(
         ds_bufs = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], DS_LAYOUT)
         ds_0 = ds_bufs.index(0)
         ds_1 = ds_bufs.index(1)
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
-        dq_0 = dq_bufs.index(0)
-        dq_1 = dq_bufs.index(1)
+        dq_0 = gl.allocate_shared_memory(gl.float32, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
+        dq_1 = gl.allocate_shared_memory(gl.float32, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
     else:
         ds_0 = lse_bufs  # unused
         ds_1 = lse_bufs
@@ -282,13 +284,25 @@ _LAUNCHES = LaunchCache(first_launch)
 
 
 def dkdv(
-    q, k, v, lse, do, delta, grads, scale: float, causal: bool = False, config: tuple | None = None, dq=None
+    q,
+    k,
+    v,
+    lse,
+    do,
+    delta,
+    grads,
+    scale: float,
+    causal: bool = False,
+    config: tuple | None = None,
+    dq=None,
+    dq_stages: int = 1,
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
     keeps key j for query i when i >= j (top-left aligned). ``config`` overrides ``CONFIGS[D]``.
     With ``dq``, a zeroed float32 (B, H, Lq, D) contiguous tensor, dQ is added into it too, by TMA
-    reductions: the fused backward, whose dQ sum runs in no fixed order."""
+    reductions (``dq_stages`` staging tiles a warpgroup): the fused backward, whose dQ sum runs in no
+    fixed order."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     block_m, stages, regs = config or CONFIGS[D]
@@ -311,7 +325,7 @@ def dkdv(
         {
             "HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
             "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), q.dtype) if fused else None,
-            "num_warps": 4,
+            "DQ_STAGES": dq_stages, "num_warps": 4,
         },
         key_tensors=(q, k, v, do, grads),
     )  # fmt: skip

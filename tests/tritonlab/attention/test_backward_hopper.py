@@ -37,9 +37,11 @@ for (d, (block_m, stages, regs)), causal, fused in [
            "scale": "fp32", "qk_scale": "fp32",
            "stride_gs": "i64", "stride_gb": "i32", "stride_gh": "i32", "stride_gl": "i32", "H": "i32", "Lq": "i32",
            "Lk": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "STAGES": "constexpr",
-           "CAUSAL": "constexpr", "REGS": "constexpr", "FUSED_DQ": "constexpr", "DS_LAYOUT": "constexpr"}
+           "CAUSAL": "constexpr", "REGS": "constexpr", "FUSED_DQ": "constexpr", "DS_LAYOUT": "constexpr",
+           "DQ_STAGES": "constexpr"}
     consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
-              "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), torch.bfloat16) if fused else None}
+              "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), torch.bfloat16) if fused else None,
+              "DQ_STAGES": 1}
     if not fused:
         consts["dq_desc"] = None
     out = triton.compile(GluonASTSource(_dkdv_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
