@@ -2,14 +2,18 @@
 
     python -m phases 04                              # small, mid, large (tiny on the CPU)
     python -m phases 04 --shape mid --sweep          # and the Lk sweep, Lq = 1.1 Lk
-    python -m phases 04 --two-pass-on small          # phase 03's backward side by side only at small
+    python -m phases 04 --two-pass-on small          # phase 03's backward (and the deterministic
+                                                     # fused one) side by side only at small
     python -m phases 04 --graphed-on small mid       # also time CUDA-graph replays there
 
-``tritonlab.attention.fused_attention`` runs phase 02's forward and a backward of one launch: key
+``tritonlab.attention.fused_attention`` runs phase 02's forward and a fused backward. On Hopper,
+where the Gluon kernels run, that is one pass over the score tiles: a program owns a key block,
+keeps its dK and dV on chip and adds each query tile's share of dQ into a float32 buffer with TMA
+reductions (variant `triton-fused`; the sum's order varies). ``deterministic=True`` (variant
+`triton-fused-det`, and every call elsewhere) is a backward of one launch without atomics: key
 programs accumulate dK, dV and query programs accumulate dQ side by side in the same grid, each
-computing Δ = rowsum(dO ∘ O) on chip, so the preprocess launch disappears and both kinds of work
-share the SMs. Each row records the autotuned config and the compiler's report for it (registers
-per thread, spilled bytes). Timings are forward + backward, checked against SDPA first. On the
+computing Δ = rowsum(dO ∘ O) on chip. Each row records the config (for the Triton kernel the
+autotuned one and the compiler's report: registers per thread, spilled bytes). Timings are forward + backward, checked against SDPA first. On the
 shapes named by --graphed-on (small by default on a GPU: its calls are bound by the host) every
 implementation is also timed as a CUDA-graph replay of the same call (mode `fwd+bwd graphed`).
 """
@@ -28,7 +32,8 @@ def parse_args(argv=None):
     parser = attention_parser(PHASE, __doc__.strip().splitlines()[0])
     parser.add_argument(
         "--two-pass-on", nargs="*", choices=TNP_SHAPES, default=None, metavar="SHAPE",
-        help="the TNP shapes where phase 03's two-pass backward runs side by side (default: every "
+        help="the TNP shapes where phase 03's two-pass backward and the deterministic fused backward "
+        "run side by side (default: every "
         "--shape; none when given without a shape). At large its autotuning alone takes about half a "
         "minute of device time",
     )  # fmt: skip

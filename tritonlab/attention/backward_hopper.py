@@ -1,4 +1,4 @@
-"""The two-pass attention backward's dK/dV pass on Hopper in Gluon.
+"""The two-pass attention backward's dK/dV pass on Hopper in Gluon, and the fused backward built on it.
 
 With P recomputed from the forward's logsumexp, P = exp2(S·log2 e − lse·log2 e), and Δ = rowsum(dO ∘ O):
 
@@ -13,6 +13,12 @@ shared memory beside them (their latency off the warpgroups' path: read from glo
 loop, it cost 16%). Per tile a warpgroup issues Sᵀ = K Qᵀ and dPᵀ = V dOᵀ together, builds Pᵀ as
 soon as Sᵀ lands and issues dV += Pᵀ dO (Pᵀ from registers) while it waits for dPᵀ, then
 dK += dSᵀ Q.
+
+With ``FUSED_DQ`` (``fused.py``'s fused backward) a warpgroup also stores dSᵀ to shared memory and
+issues dQ = dS K (dS read transposed from there), scales it and adds it into a float32 dQ with a
+TMA reduction from a ring of ``DQ_STAGES`` staging tiles: Triton 3.6 builds that operation for
+Gluon (``create_async_tma_reduce``) without exposing it, hence ``_tma_reduce_add``. The same with
+per-thread fp32 atomics, forward + backward took 9.71 against 7.14 ms at mid (phase 04's README).
 
 Rows past Lq or Lk read as zeros (4-D TMA descriptors over the caller's strides); padding query
 rows get lse = +inf, so their P is 0. Causal (``CAUSAL``, top-left aligned; flash2 takes it): a
@@ -271,12 +277,20 @@ def _dkdv_kernel(
 CONFIGS = {64: (64, 3, 240), 128: (64, 2, 240)}
 
 
-def config_string(head_dim: int) -> str:
-    """The dK/dV launch's config at ``head_dim``, as rows record it."""
-    block_m, stages, regs = CONFIGS[head_dim]
+# The fused backward's (BLOCK_M, STAGES, REGS, DQ_STAGES: dQ staging tiles a warpgroup), measured on
+# the H100, kernel alone (reports/data/04_fused_attn/diagnostics/gluon_fused_configs_*): at D = 64 two
+# staging tiles and 2 stages, 5.365 ms at mid against 5.564 with one (3 stages: 5.374 / 5.424) and
+# 495.3 ms at large (one tile: 502.3); at D = 128 one staging tile, 2 stages (the others need more
+# than Hopper's shared memory): 5.748 ms at mid.
+FUSED_CONFIGS = {64: (64, 2, 240, 2), 128: (64, 2, 240, 1)}
+
+
+def config_string(head_dim: int, fused: bool = False) -> str:
+    """The dK/dV launch's config at ``head_dim`` (``fused``: the fused backward's), as rows record it."""
+    block_m, stages, regs, *dq_stages = FUSED_CONFIGS[head_dim] if fused else CONFIGS[head_dim]
     return (
         f"gluon:BLOCK_N={ROWS * WARPGROUPS},BLOCK_M={block_m},stages={stages},regs={regs},"
-        f"warpgroups={WARPGROUPS}+load"
+        f"warpgroups={WARPGROUPS}+load" + (f",dq=tma-reduce,dq_stages={dq_stages[0]}" if fused else "")
     )
 
 
@@ -299,14 +313,17 @@ def dkdv(
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
-    keeps key j for query i when i >= j (top-left aligned). ``config`` overrides ``CONFIGS[D]``.
-    With ``dq``, a zeroed float32 (B, H, Lq, D) contiguous tensor, dQ is added into it too, by TMA
-    reductions (``dq_stages`` staging tiles a warpgroup): the fused backward, whose dQ sum runs in no
-    fixed order."""
+    keeps key j for query i when i >= j (top-left aligned). With ``dq``, a zeroed float32
+    (B, H, Lq, D) contiguous tensor, dQ is added into it too, by TMA reductions: the fused backward,
+    whose dQ sum runs in no fixed order. ``config`` (BLOCK_M, STAGES, REGS) and ``dq_stages`` override
+    ``CONFIGS[D]``, or with ``dq`` ``FUSED_CONFIGS[D]``."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
-    block_m, stages, regs = config or CONFIGS[D]
     fused = dq is not None
+    block_m, stages, regs, *default_dq_stages = FUSED_CONFIGS[D] if fused else CONFIGS[D]
+    if config is not None:
+        block_m, stages, regs = config
+    dq_stages = dq_stages or (default_dq_stages[0] if fused else 1)
     launch(
         _LAUNCHES,
         _dkdv_kernel,
@@ -331,4 +348,4 @@ def dkdv(
     )  # fmt: skip
 
 
-__all__ = ["CONFIGS", "config_string", "dkdv"]
+__all__ = ["CONFIGS", "FUSED_CONFIGS", "config_string", "dkdv"]

@@ -1,9 +1,18 @@
-"""Differentiable rectangular attention with a fused backward: one launch computes Δ, dK, dV and dQ,
-recomputing the tiles on chip. Deterministic: no atomics.
+"""Differentiable rectangular attention with a fused backward, the two-pass backward's gradients
+(``backward.py``) from one pass over the score tiles.
 
-The gradients are the two-pass backward's (``backward.py``). Why not one program accumulating all
-three? A program that owns a key block keeps its dK and dV in registers, but its share of dQ must
-be summed over every key block: with atomics that sum is not deterministic, and as per-key-block
+On Hopper, where the Gluon kernels run (``backward._uses_gluon``), the fused backward is
+``backward_hopper``'s dK/dV kernel with a fifth product per tile: each MMA warpgroup computes its
+share of the query tile's dQ = scale · dS K and adds it into a float32 buffer with a TMA reduction
+(``cp.reduce.async.bulk.tensor``) from a ring of staging tiles, so no program waits for another.
+Five products a score tile against the two-pass backward's seven; the order of the dQ sum varies
+from run to run (within float32 rounding).
+
+``deterministic=True``, and every call off Hopper, runs the kernel below instead: one launch
+computes Δ, dK, dV and dQ, recomputing the tiles on chip, with no atomics. Why not one program
+accumulating all three there? A program that owns a key block keeps its dK and dV in registers,
+but its share of dQ must be summed over every key block: with atomics that sum is not
+deterministic, and as per-key-block
 partials it is n_key_blocks copies of dQ in fp32 -- 7 GB at the TransformerNP's mid shape, 650 GB
 at large. The same arithmetic rules out per-query-block partials of dK/dV. So the single launch
 holds two kinds of program, each keeping its own tiles on chip and writing its own gradient once:
@@ -340,8 +349,7 @@ def _deterministic_fused_backward(q, k, v, o, lse, do, scale: float, record: Con
 
 def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
     """The fused backward: on Hopper, where the Gluon kernels run, ``backward_hopper``'s dK/dV kernel
-    adding each tile's dQ into a float32 buffer with atomics (one pass over the score tiles: five
-    products a tile against the two-pass backward's seven; the sum's order varies from run to run);
+    adding each tile's dQ into a float32 buffer with TMA reductions (see the module docstring);
     elsewhere the deterministic one-launch kernel."""
     if INTERPRET or not _uses_gluon(q, k, v, do):
         return _deterministic_fused_backward(q, k, v, o, lse, do, scale, record)
@@ -353,7 +361,7 @@ def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | No
     dq = _like_q_layout(q)
     dq.copy_(dq_sum)
     if record is not None:
-        record.note("fused", backward_hopper.config_string(D) + ",dq=atomic")
+        record.note("fused", backward_hopper.config_string(D, fused=True))
     return dq, grads
 
 
@@ -376,8 +384,9 @@ def fused_attention(
 ) -> torch.Tensor:
     """Differentiable rectangular attention, softmax(scale · q kᵀ) v, with a fused backward. Inputs
     as ``attention_forward``'s. On Hopper (bf16/fp16, D 64 or 128, TMA-addressable inputs, keys past
-    ``forward.GLUON_FROM_LK``) dQ is summed with float32 atomics, so it may differ from run to run in
-    the last bits; ``deterministic=True`` takes the one-launch kernel without atomics there too.
+    ``forward.GLUON_FROM_LK``) dQ is summed in float32 by TMA reductions in no fixed order, so it may
+    differ from run to run in the last bits; ``deterministic=True`` takes the one-launch kernel
+    without atomics there too.
     ``record`` receives the configs of the forward ("forward") and of the backward ("fused", with the
     compiler's "n_regs" and "n_spills" for the deterministic kernel); it cannot be passed under
     torch.compile."""

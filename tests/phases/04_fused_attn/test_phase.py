@@ -25,7 +25,10 @@ def test_tiny_run_side_by_side_with_the_two_pass_backward(tmp_path, capsys):
     rows = pd.concat(pd.read_csv(p) for p in (tmp_path / "data" / "04_fused_attn").glob("*.csv"))
     assert (rows["status"] == "ok").all(), rows[["variant", "error"]]
     by_shape = rows.groupby("shape")["variant"].apply(set).to_dict()
-    assert by_shape == {"tiny": {"triton-fused", "triton-2pass"}, "sweep-Lk20": {"triton-fused"}}
+    assert by_shape == {
+        "tiny": {"triton-fused", "triton-fused-det", "triton-2pass"},
+        "sweep-Lk20": {"triton-fused"},
+    }
     assert rows.loc[rows["variant"] == "triton-fused", "fused_config"].str.startswith("interpreter:").all()
 
 
@@ -36,7 +39,7 @@ def test_the_shape_choices_hold_at_another_head_dim():
     assert [c.label for c in args.cases] == ["tiny-d128", "sweep-Lk20-d128"]
     _, total = bench.cells(args.cases, args.dtype, args.two_pass_on, [])
     _, fused_only = bench.cells(args.cases, args.dtype, [], [])
-    assert total == fused_only + 1  # the two-pass variant at tiny-d128
+    assert total == fused_only + 2  # the two-pass and the deterministic fused variants at tiny-d128
 
 
 def test_headline_has_the_graphed_small_cell():

@@ -22,15 +22,14 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import torch
-from tritonlab.attention.backward_hopper import CONFIGS, ROWS, _dkdv_kernel
+from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, ROWS, _dkdv_kernel
 from tritonlab.attention.forward_hopper import shared_layout
 from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report
 
 results = {}
-for (d, (block_m, stages, regs)), causal, fused in [
-    (c, causal, fused) for c in CONFIGS.items() for causal in (False, True) for fused in (False, True)
-]:
+for d, causal, fused in [(d, causal, fused) for d in CONFIGS for causal in (False, True) for fused in (False, True)]:
+    block_m, stages, regs, *dq_stages = FUSED_CONFIGS[d] if fused else CONFIGS[d]
     sig = {"q_desc": desc(block_m, d), "k_desc": desc(ROWS, d), "v_desc": desc(ROWS, d), "do_desc": desc(block_m, d),
            "LSE": "*fp32", "DELTA": "*fp32", "GRADS": "*bf16",
            "dq_desc": desc(block_m, d, "fp32") if fused else "constexpr",
@@ -41,7 +40,7 @@ for (d, (block_m, stages, regs)), causal, fused in [
            "DQ_STAGES": "constexpr"}
     consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
               "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), torch.bfloat16) if fused else None,
-              "DQ_STAGES": 1}
+              "DQ_STAGES": dq_stages[0] if fused else 1}
     if not fused:
         consts["dq_desc"] = None
     out = triton.compile(GluonASTSource(_dkdv_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
@@ -55,17 +54,16 @@ print(json.dumps(results))
 @pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_the_sm90a_build_fits_hopper():
     results = json.loads(run_without_interpreter(_BUILD).stdout.strip().splitlines()[-1])
-    assert set(results) == {"64-False", "64-True", "128-False", "128-True"}
+    assert set(results) == {f"{d}-{c}{f}" for d in (64, 128) for c in (False, True) for f in ("", "-fused")}
     for key, r in results.items():
         # Two MMA warpgroups and a load warp, padded to whole warpgroups: 12 warps.
         assert r["warps"] == 12, (key, r)
         assert r["shared"] <= HOPPER_SHARED_MEMORY, (key, r)
-        # Measured (sm_90a, 240 registers for the second MMA warpgroup): none at D = 64; at D = 128 (two
-        # 64 x 128 fp32 accumulators) 40 bytes a thread, 100 causal -- kept: still the fastest config.
-        assert r["spill_stores"] <= {"64-False": 0, "64-True": 0, "128-False": 48, "128-True": 112}[key], (
-            key,
-            r,
-        )
+        # Measured (sm_90a, 240 registers for the second MMA warpgroup): none at D = 64, fused or not; at
+        # D = 128 (two 64 x 128 fp32 accumulators, a third for the fused dQ) 40 bytes a thread, 100
+        # causal, fused 180 and 344 -- kept: the fastest configs measured there.
+        most = {"64": 0, "128-False": 48, "128-True": 112, "128-False-fused": 192, "128-True-fused": 360}
+        assert r["spill_stores"] <= most.get(key, most[key.split("-")[0]]), (key, r)
 
 
 @pytest.mark.gpu
@@ -92,7 +90,7 @@ def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, D, layout, back
     if backward == "two-pass":
         assert record.picked["dkdv"].startswith("gluon:"), record.picked
     else:
-        assert record.picked["fused"].startswith("gluon:") and record.picked["fused"].endswith("dq=atomic")
+        assert record.picked["fused"].startswith("gluon:") and "dq=tma-reduce" in record.picked["fused"]
     ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
     o_ref = torch.softmax(ref[0] @ ref[1].transpose(-1, -2) * D**-0.5, -1) @ ref[2]
     o_ref.backward(do.double())
