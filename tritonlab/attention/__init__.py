@@ -2,7 +2,8 @@
 
     o, lse = attention_forward(q, k, v)          # q (B, H, Lq, D) over k, v (B, H, Lk, D), no mask
     o = attention(q, k, v)                       # differentiable; deterministic two-pass backward
-    o = fused_attention(q, k, v)                 # differentiable; one-launch fused backward
+    o = fused_attention(q, k, v)                 # differentiable; fused backward (dQ by TMA
+                                                 # reductions on Hopper; deterministic=True: none)
     o = fp8_attention(q, k, v)                   # e4m3 forward (Hopper), bf16 backward; fp8.py
     o = FlashAttentionTriton.apply(q, k, v, is_causal)    # q (B, Nq, D); causal or not
     o = FlashAttentionPyTorch.apply(q, k, v, is_causal)   # the same algorithm in plain PyTorch
