@@ -570,13 +570,6 @@ class CrossEntropyOptions:
         )
 
 
-def launch_settings(softcap: float | None) -> CrossEntropySettings:
-    """The measured launch settings, the same with every option since the softcap's fixed max keeps
-    its per-lane sums in [TILE_COLS] vectors (``_row_stats``): before, its [BLOCK_V] vectors spilled at
-    64 KB blocks and it ran 32 KB ones."""
-    return DEFAULT_SETTINGS
-
-
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -591,7 +584,9 @@ class CrossEntropyFunction(torch.autograd.Function):
         options: CrossEntropyOptions | None = None,
     ):
         options = options if options is not None and not options.plain else None
-        settings = settings or launch_settings(options.softcap if options is not None else None)
+        # One setting for every option: the softcap's fixed max keeps its per-lane sums in
+        # [TILE_COLS] vectors (``_row_stats``); its [BLOCK_V] vectors spilled at 64 KB blocks.
+        settings = settings or DEFAULT_SETTINGS
         shape = logits.shape
         rows = as_rows(logits)
         n_rows, n_cols = rows.shape
