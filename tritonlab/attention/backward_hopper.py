@@ -297,6 +297,18 @@ def config_string(head_dim: int, fused: bool = False) -> str:
 _LAUNCHES = LaunchCache(first_launch)
 
 
+def launch_config(
+    head_dim: int, fused: bool, config: tuple | None = None, dq_stages: int | None = None
+) -> tuple[int, int, int, int]:
+    """(BLOCK_M, STAGES, REGS, DQ_STAGES) of a launch: ``CONFIGS`` (one unused staging tile) or, fused,
+    ``FUSED_CONFIGS`` at ``head_dim``, with ``config`` (BLOCK_M, STAGES, REGS) and ``dq_stages`` over
+    them where given."""
+    block_m, stages, regs, *staging = FUSED_CONFIGS[head_dim] if fused else (*CONFIGS[head_dim], 1)
+    if config is not None:
+        block_m, stages, regs = config
+    return block_m, stages, regs, staging[0] if dq_stages is None else dq_stages
+
+
 def dkdv(
     q,
     k,
@@ -309,7 +321,7 @@ def dkdv(
     causal: bool = False,
     config: tuple | None = None,
     dq=None,
-    dq_stages: int = 1,
+    dq_stages: int | None = None,
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
@@ -320,10 +332,7 @@ def dkdv(
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     fused = dq is not None
-    block_m, stages, regs, *default_dq_stages = FUSED_CONFIGS[D] if fused else CONFIGS[D]
-    if config is not None:
-        block_m, stages, regs = config
-    dq_stages = dq_stages or (default_dq_stages[0] if fused else 1)
+    block_m, stages, regs, dq_stages = launch_config(D, fused, config, dq_stages)
     launch(
         _LAUNCHES,
         _dkdv_kernel,
@@ -348,4 +357,4 @@ def dkdv(
     )  # fmt: skip
 
 
-__all__ = ["CONFIGS", "FUSED_CONFIGS", "config_string", "dkdv"]
+__all__ = ["CONFIGS", "FUSED_CONFIGS", "config_string", "dkdv", "launch_config"]

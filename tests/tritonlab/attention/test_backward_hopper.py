@@ -9,6 +9,7 @@ import torch
 
 from tritonlab._runtime import kernel_device_type
 from tritonlab.attention import attention, fused_attention
+from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, launch_config
 from tritonlab.attention.forward import GLUON_FROM_LK
 from tritonlab.testing import model_qkv, rel_err, run_without_interpreter, triton_tools_missing
 from tritonlab.tuning import HOPPER_SHARED_MEMORY, ConfigRecord
@@ -116,3 +117,13 @@ def test_deterministic_fused_backward_repeats_bit_for_bit():
         grads.append([t.grad for t in leaves])
     for first, second in zip(*grads, strict=True):
         assert torch.equal(first, second)
+
+
+def test_the_launch_takes_the_fused_configs_staging_tiles():
+    """The fused launch's dQ staging tiles come from FUSED_CONFIGS unless overridden (a default of 1
+    in dkdv's signature once silently won over the table)."""
+    for d, (block_m, stages, regs, dq_stages) in FUSED_CONFIGS.items():
+        assert launch_config(d, fused=True) == (block_m, stages, regs, dq_stages)
+        assert launch_config(d, fused=True, dq_stages=1)[3] == 1
+        assert launch_config(d, fused=True, config=(32, 3, 168)) == (32, 3, 168, dq_stages)
+        assert launch_config(d, fused=False) == (*CONFIGS[d], 1)
