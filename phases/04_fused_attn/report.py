@@ -15,7 +15,7 @@ GOALS = [
 
 REPORT = attention_report(
     PHASE,
-    "04_fused_attn — attention backward in one launch, recomputing tiles on chip",
+    "04_fused_attn — the fused attention backward: one pass over the score tiles",
     section="Forward + fused backward",
     goals=GOALS,
     profile=True,
