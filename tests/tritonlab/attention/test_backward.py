@@ -1,6 +1,7 @@
-"""attention (two-pass backward) and fused_attention (one-launch backward): outputs and gradients
-against autograd through float64 attention, determinism, the model with them plugged in, torch.compile
-through their custom ops; on the GPU bf16 and float32 at the model's shapes, and Inductor in bf16."""
+"""attention (two-pass backward) and fused_attention (fused backward; deterministic=True too):
+outputs and gradients against autograd through float64 attention, determinism, the model with them
+plugged in, torch.compile through their custom ops; on the GPU bf16 and float32 at the model's
+shapes, and Inductor in bf16."""
 
 import pytest
 import torch
@@ -161,16 +162,21 @@ def _reference(q, k, v):
     return reference_attention(q, k, v)[0]
 
 
-@pytest.mark.parametrize("name", FUNCTIONS)
+def _deterministic_fused(q, k, v):
+    return fused_attention(q, k, v, deterministic=True)
+
+
+@pytest.mark.parametrize("name", [*FUNCTIONS, "fused-deterministic"])
 def test_compiled_matches_eager_and_float64(name, compiled_matches_eager):
     # Odd lengths, the model's strided views; the same kernels run eager and compiled.
     q, k, v = model_qkv(2, 3, 21, 13, 16, torch.float32)
     do = torch.randn_like(q)
-    compiled = compiled_matches_eager(FUNCTIONS[name], (q, k, v), do, 1e-6)
+    fn = _deterministic_fused if name == "fused-deterministic" else FUNCTIONS[name]
+    compiled = compiled_matches_eager(fn, (q, k, v), do, 1e-6)
     check_against_float64(compiled, _reference, (q, k, v), do, 1e-5, ("o", "dq", "dk", "dv"))
 
 
-@pytest.mark.parametrize("prefix", ["attention", "fused_attention"])
+@pytest.mark.parametrize("prefix", ["attention", "fused_attention", "deterministic_fused_attention"])
 def test_custom_ops_fake_matches_real(prefix, custom_op_checks):
     q, k, v = model_qkv(2, 2, 19, 7, 16, torch.float32)
     forward = getattr(torch.ops.tritonlab, f"{prefix}_forward")
