@@ -199,7 +199,7 @@ def _check_heads_inputs(z: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tens
         raise ValueError(f"w2: expected ({G}, N_OUT, {F}) to match w1, got {tuple(w2.shape)}")
     if w2.shape[1] > _N_OUT_PAD:
         raise ValueError(f"w2: at most {_N_OUT_PAD} outputs per head are supported, got {w2.shape[1]}")
-    check_model_dim("z", T, D, max(D, G * (-(-F // 16) * 16)))  # the (T, G·F) hidden layer
+    check_model_dim("z", T, D, max(D, G * cdiv(F, 16) * 16))  # the (T, G·F) hidden layer
     dtype = check_weights_dtype(("z", "w1", "w2"), z, w1, w2)
     # The stacked first layer is read as one (G·F, D) matrix by the backward's cuBLAS GEMMs.
     return z.to(dtype), w1.to(dtype).contiguous(), w2.to(dtype)

@@ -465,7 +465,7 @@ def _check_mlp_inputs(x: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor
     if w2.shape[1] != w1.shape[0]:
         raise ValueError(f"w2: expected (N_OUT, {w1.shape[0]}) to match w1's D_FF, got {tuple(w2.shape)}")
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    check_model_dim("x", rows, x.shape[-1], max(x.shape[-1], -(-w1.shape[0] // 16) * 16, w2.shape[0]))
+    check_model_dim("x", rows, x.shape[-1], max(x.shape[-1], cdiv(w1.shape[0], 16) * 16, w2.shape[0]))
     dtype = check_weights_dtype(("x", "w1", "w2"), x, w1, w2)
     return x.reshape(-1, x.shape[-1]).to(dtype), w1.to(dtype), w2.to(dtype)
 

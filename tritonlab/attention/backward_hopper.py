@@ -285,15 +285,6 @@ CONFIGS = {64: (64, 3, 240), 128: (64, 2, 240)}
 FUSED_CONFIGS = {64: (64, 2, 240, 2), 128: (64, 2, 240, 1)}
 
 
-def config_string(head_dim: int, fused: bool = False) -> str:
-    """The dK/dV launch's config at ``head_dim`` (``fused``: the fused backward's), as rows record it."""
-    block_m, stages, regs, *dq_stages = FUSED_CONFIGS[head_dim] if fused else CONFIGS[head_dim]
-    return (
-        f"gluon:BLOCK_N={ROWS * WARPGROUPS},BLOCK_M={block_m},stages={stages},regs={regs},"
-        f"warpgroups={WARPGROUPS}+load" + (f",dq=tma-reduce,dq_stages={dq_stages[0]}" if fused else "")
-    )
-
-
 _LAUNCHES = LaunchCache(first_launch)
 
 
@@ -307,6 +298,15 @@ def launch_config(
     if config is not None:
         block_m, stages, regs = config
     return block_m, stages, regs, staging[0] if dq_stages is None else dq_stages
+
+
+def config_string(head_dim: int, fused: bool = False) -> str:
+    """The dK/dV launch's config at ``head_dim`` (``fused``: the fused backward's), as rows record it."""
+    block_m, stages, regs, dq_stages = launch_config(head_dim, fused)
+    return (
+        f"gluon:BLOCK_N={ROWS * WARPGROUPS},BLOCK_M={block_m},stages={stages},regs={regs},"
+        f"warpgroups={WARPGROUPS}+load" + (f",dq=tma-reduce,dq_stages={dq_stages}" if fused else "")
+    )
 
 
 def dkdv(

@@ -390,12 +390,12 @@ def fused_attention(
     ``record`` receives the configs of the forward ("forward") and of the backward ("fused", with the
     compiler's "n_regs" and "n_spills" for the deterministic kernel); it cannot be passed under
     torch.compile."""
-    if deterministic:
-        return _attend(
-            q, k, v, scale, record, _deterministic_fused_backward, _DETERMINISTIC_FUSED_ATTENTION_FORWARD,
-            "fused_attention",
-        )  # fmt: skip
-    return _attend(q, k, v, scale, record, _fused_backward, _FUSED_ATTENTION_FORWARD, "fused_attention")
+    backward_fn, forward_op = (
+        (_deterministic_fused_backward, _DETERMINISTIC_FUSED_ATTENTION_FORWARD)
+        if deterministic
+        else (_fused_backward, _FUSED_ATTENTION_FORWARD)
+    )
+    return _attend(q, k, v, scale, record, backward_fn, forward_op, "fused_attention")
 
 
 __all__ = ["fused_attention"]
