@@ -193,6 +193,8 @@ def attention_impls(dtype: torch.dtype, n: int, causal: bool) -> dict[str, Calla
         # The library's call ("auto") beside each of its kernel families pinned.
         impls["triton-only"] = lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal, "triton")
         impls["triton-gluon"] = lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal, "gluon")
+        # dQ by the separate Triton pass instead of the Gluon kernel's reductions: run to run the same
+        impls["triton-det"] = lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal, "auto", True)
     impls["naive"] = lambda q, k, v: naive_attention(q, k, v, mask)
     if not ON_GPU:
         impls["sdpa-math"] = sdpa(SDPA_BACKENDS["sdpa-math"])

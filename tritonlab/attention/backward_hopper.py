@@ -95,7 +95,8 @@ def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs,
 
 @gluon.jit
 def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale,
-               ds_smem, dq_smem, dq_desc, b, h, scale, MASKED: gl.constexpr, FUSED_DQ: gl.constexpr):  # fmt: skip
+               k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h, scale, MASKED: gl.constexpr,
+               FUSED_DQ: gl.constexpr, W: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
     """One query tile's dV += Pᵀ dO and dK += dSᵀ Q (unscaled) from ring slot ``i % STAGES``;
     ``MASKED``: the causal mask, for the tiles where some query precedes some of these keys.
     ``FUSED_DQ``: also this warpgroup's share of the tile's dQ, scale · dS K, added into the fp32 dQ
@@ -131,12 +132,47 @@ def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, rea
     ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
     ds_a = gl.convert_layout(ds_t, a_layout)
     dk_tok = warpgroup_mma(ds_a, q_tile, dk, is_async=True)
-    if FUSED_DQ:
-        g_layout: gl.constexpr = mma_layout(HEAD_DIM)
+    if FUSED_DQ and PAIRED:
+        # Tile i's dQ is warpgroup (i % 2)'s: it waits for the other's dS (ds_ready), adds both
+        # halves' products into one accumulator and reduces once, so a query tile's dQ crosses L2
+        # once a program instead of once a warpgroup.
+        par = i % 2
+        use = i // 2
+        if par == W:
+            own = ds_bufs.index(3 * W)  # (W, W)
+            own.store(ds_t)
+            fence_async_shared()
+            mbarrier.wait(ds_ready.index(1 - W), use & 1)
+            dq_tok = warpgroup_mma(
+                own.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, mma_layout(HEAD_DIM)),
+                use_acc=False, is_async=True,
+            )  # fmt: skip
+            other = ds_bufs.index(2 - W)  # (1 - W, W)
+            dq_tok = warpgroup_mma(other.permute((1, 0)), k_other, dq_tok, is_async=True)
+            dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
+            mbarrier.arrive(ds_free.index(1 - W), count=1)
+            mbarrier.arrive(empty_bars.index(slot), count=1)
+            DQ_STAGES: gl.constexpr = dq_smem.shape[0]
+            tma.store_wait(DQ_STAGES - 1)  # the reduction that last read this staging tile is done
+            staged = dq_smem.index(use % DQ_STAGES)
+            staged.reshape([BLOCK_M, HEAD_DIM]).store(dq * scale)
+            fence_async_shared()
+            _tma_reduce_add(dq_desc, [b, h, j * BLOCK_M, 0], staged)
+        else:
+            given = ds_bufs.index(1 + W)  # (W, 1-W)
+            mbarrier.wait(ds_free.index(W), (use + 1) & 1, pred=use >= 1)  # its last reader is done
+            given.store(ds_t)
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's dS is in shared memory before the one arrival
+            mbarrier.arrive(ds_ready.index(W), count=1)
+            dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+            mbarrier.arrive(empty_bars.index(slot), count=1)
+    elif FUSED_DQ:
+        ds_smem = ds_bufs.index(2 * W)
         ds_smem.store(ds_t)
         fence_async_shared()
         dq_tok = warpgroup_mma(
-            ds_smem.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, g_layout),
+            ds_smem.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, mma_layout(HEAD_DIM)),
             use_acc=False, is_async=True,
         )  # fmt: skip
         dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
@@ -154,20 +190,24 @@ def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, rea
 
 
 @gluon.jit
-def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, GRADS, scale,
+def _dkdv_compute(k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, GRADS, scale,
                   qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles,
-                  ds_smem, dq_smem, dq_desc, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):  # fmt: skip
+                  ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
+                  W: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
-    KEYS: gl.constexpr = k_smem.shape[2]
+    KEYS: gl.constexpr = k_bufs.shape[3]
     dtype: gl.constexpr = q_bufs.dtype
     g_layout: gl.constexpr = mma_layout(HEAD_DIM)
 
-    k = k_smem.reshape([KEYS, HEAD_DIM])
-    v = v_smem.reshape([KEYS, HEAD_DIM])
+    k = k_bufs.index(W).reshape([KEYS, HEAD_DIM])
+    v = v_bufs.index(W).reshape([KEYS, HEAD_DIM])
+    k_other = k_bufs.index(1 - W).reshape([KEYS, HEAD_DIM])
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, g_layout)
-    mbarrier.wait(kv_bar, 0)
+    mbarrier.wait(kv_bars.index(W), 0)
+    if FUSED_DQ and PAIRED:
+        mbarrier.wait(kv_bars.index(1 - W), 0)  # the other warpgroup's keys: half of every owned dQ
     # Causal: the tiles with some query before some of these keys run masked, in a loop of their own
     # (at 168 registers the mask in the main loop spilled 68 bytes a thread, against 12 without it).
     unmasked_from = first_tile
@@ -175,12 +215,12 @@ def _dkdv_compute(k_smem, v_smem, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs,
         unmasked_from = gl.minimum(gl.cdiv(key_start + KEYS, BLOCK_M), n_tiles)
         for j in range(first_tile, unmasked_from):
             dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
-                                empty_bars, dk, dv, qk_scale, ds_smem, dq_smem, dq_desc, b, h, scale, True,
-                                FUSED_DQ)  # fmt: skip
+                                empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b,
+                                h, scale, True, FUSED_DQ, W, PAIRED)  # fmt: skip
     for j in range(unmasked_from, n_tiles):
         dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
-                            empty_bars, dk, dv, qk_scale, ds_smem, dq_smem, dq_desc, b, h, scale, False,
-                            FUSED_DQ)  # fmt: skip
+                            empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h,
+                            scale, False, FUSED_DQ, W, PAIRED)  # fmt: skip
 
     if FUSED_DQ:
         tma.store_wait(0)
@@ -199,7 +239,7 @@ def _dkdv_kernel(
     stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
     REGS: gl.constexpr = 240, FUSED_DQ: gl.constexpr = False, DS_LAYOUT: gl.constexpr = None,
-    DQ_STAGES: gl.constexpr = 1,
+    DQ_STAGES: gl.constexpr = 1, PAIRED: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
@@ -238,27 +278,33 @@ def _dkdv_kernel(
         mbarrier.init(empty_bars.index(i), count=2)
     stats = pid_bh.to(gl.int64) * Lq
     if FUSED_DQ:
-        ds_bufs = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], DS_LAYOUT)
-        ds_0 = ds_bufs.index(0)
-        ds_1 = ds_bufs.index(1)
+        # dS by (warpgroup, tile parity), index 2 * warpgroup + parity: paired, a warpgroup's own
+        # (W, W) and the one it gives the other (W, 1 - W); unpaired, 2 * W
+        ds_bufs = gl.allocate_shared_memory(dtype, [4, KEYS, BLOCK_M], DS_LAYOUT)
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(ds_ready.index(i), count=1)
+            mbarrier.init(ds_free.index(i), count=1)
         dq_0 = gl.allocate_shared_memory(gl.float32, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
         dq_1 = gl.allocate_shared_memory(gl.float32, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
     else:
-        ds_0 = lse_bufs  # unused
-        ds_1 = lse_bufs
+        ds_bufs = lse_bufs  # unused
+        ds_ready = kv_bars
+        ds_free = kv_bars
         dq_0 = lse_bufs
         dq_1 = lse_bufs
 
     gl.warp_specialize(
         [
-            (_dkdv_compute, (k_bufs.index(0), v_bufs.index(0), kv_bars.index(0), q_bufs, do_bufs, lse_bufs,
-                             delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
-                             stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles, ds_0, dq_0, dq_desc,
-                             CAUSAL, FUSED_DQ)),
-            (_dkdv_compute, (k_bufs.index(1), v_bufs.index(1), kv_bars.index(1), q_bufs, do_bufs, lse_bufs,
-                             delta_bufs, ready_bars, empty_bars, GRADS, scale, qk_scale, stride_gs, stride_gb,
-                             stride_gh, stride_gl, b, h, key_start + KEYS, Lk, first_tile, n_tiles, ds_1, dq_1,
-                             dq_desc, CAUSAL, FUSED_DQ)),
+            (_dkdv_compute, (k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars,
+                             GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk,
+                             first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_0, dq_desc, CAUSAL, FUSED_DQ, 0,
+                             PAIRED)),
+            (_dkdv_compute, (k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars,
+                             GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h,
+                             key_start + KEYS, Lk, first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_1, dq_desc,
+                             CAUSAL, FUSED_DQ, 1, PAIRED)),
             (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs,
                           kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, n_tiles,
                           BLOCK_M, STAGES)),
@@ -322,6 +368,7 @@ def dkdv(
     config: tuple | None = None,
     dq=None,
     dq_stages: int | None = None,
+    paired: bool = True,
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
@@ -351,7 +398,7 @@ def dkdv(
         {
             "HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
             "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), q.dtype) if fused else None,
-            "DQ_STAGES": dq_stages, "num_warps": 4,
+            "DQ_STAGES": dq_stages, "PAIRED": fused and paired, "num_warps": 4,
         },
         key_tensors=(q, k, v, do, grads),
     )  # fmt: skip

@@ -580,21 +580,31 @@ def flash_forward(
 
 def flash_backward(
     q, k, v, o, lse, grad_o, is_causal: bool, dq_config: TileConfig | None = None,
-    dkdv_config: TileConfig | None = None, impl: str = "auto",
+    dkdv_config: TileConfig | None = None, impl: str = "auto", deterministic: bool = False,
 ):  # fmt: skip
     """dQ, dK, dV from the saved O and L: Δ first, then the dK/dV and the dQ kernels. ``impl`` as
     ``flash_forward``'s: with Gluon the dK/dV kernel is ``backward_hopper``'s where it has a config
     for D (``backward_hopper.CONFIGS``) and dO is TMA-addressable (a ``dkdv_config`` pins the Triton
-    one under "auto"); dQ is the Triton kernel's."""
+    one under "auto"), and unless ``deterministic`` (or a ``dq_config`` is given) it computes dQ too,
+    summed in float32 by TMA reductions in no fixed order (the fused backward); otherwise dQ is the
+    Triton kernel's, deterministic."""
     batch, n_q, head_dim = q.shape
     n_k = k.shape[1]
-    dq_cfg = dq_config or tile_config("dq", q.dtype, head_dim, is_causal, q.device)
     sm_scale = 1.0 / math.sqrt(head_dim)
     precision = dot_precision(q.dtype)
     delta = backward_delta(o, grad_o)
     # dQ, dK, dV are written with Q's, K's and V's strides: make those the contiguous ones (a no-op
     # for the usual contiguous inputs).
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    gluon = _uses_gluon(q, k, v, "triton" if dkdv_config is not None and impl == "auto" else impl)
+    gluon = gluon and head_dim in backward_hopper.CONFIGS and tma_ok(grad_o)
+    if gluon and not deterministic and dq_config is None:
+        grads = torch.empty((2, batch, 1, n_k, head_dim), dtype=k.dtype, device=k.device)
+        dq_sum = torch.zeros((batch, 1, n_q, head_dim), dtype=torch.float32, device=q.device)
+        heads = (t.unsqueeze(1) for t in (q, k, v, lse, grad_o, delta))
+        backward_hopper.dkdv(*heads, grads, sm_scale, causal=is_causal, dq=dq_sum)
+        return dq_sum[:, 0].to(q.dtype), grads[0, :, 0], grads[1, :, 0]
+    dq_cfg = dq_config or tile_config("dq", q.dtype, head_dim, is_causal, q.device)
     dq = torch.empty_like(q)
     common_args = (
         *q.stride(),
@@ -613,8 +623,7 @@ def flash_backward(
         EVEN_M=n_q % dq_cfg.block_m == 0, DOT_PRECISION=precision,
         num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
     )  # fmt: skip
-    gluon = _uses_gluon(q, k, v, "triton" if dkdv_config is not None and impl == "auto" else impl)
-    if gluon and head_dim in backward_hopper.CONFIGS and tma_ok(grad_o):
+    if gluon:
         grads = torch.empty((2, batch, 1, n_k, head_dim), dtype=k.dtype, device=k.device)
         heads = (t.unsqueeze(1) for t in (q, k, v, lse, grad_o, delta))
         backward_hopper.dkdv(*heads, grads, sm_scale, causal=is_causal)
@@ -638,22 +647,26 @@ class FlashAttentionTriton(torch.autograd.Function):
     allows TF32), D in 16, 32, 64, 128, any Nq and Nk >= 1, any strides.
 
     Saves Q, K, V, O and L (B, Nq) for a backward that runs in Triton too. ``impl`` ("auto",
-    "triton", "gluon"): the forward and dK/dV kernels, as ``flash_forward`` takes it.
+    "triton", "gluon"): the forward and dK/dV kernels, as ``flash_forward`` takes it;
+    ``deterministic``: dQ by the separate Triton pass where the Gluon backward would sum it with
+    reductions in no fixed order (``flash_backward``).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, impl="auto"):
+    def forward(ctx, q, k, v, is_causal=False, impl="auto", deterministic=False):
         o, lse = flash_forward(q, k, v, bool(is_causal), impl=impl)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal = bool(is_causal)
         ctx.impl = impl
+        ctx.deterministic = bool(deterministic)
         return o
 
     @staticmethod
     def backward(ctx, grad_o):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o.contiguous(), ctx.is_causal, impl=ctx.impl)
-        return dq, dk, dv, None, None
+        grad_o, det = grad_o.contiguous(), ctx.deterministic
+        dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, impl=ctx.impl, deterministic=det)
+        return dq, dk, dv, None, None, None
 
 
 __all__ = [

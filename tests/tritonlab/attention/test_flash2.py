@@ -300,6 +300,23 @@ def test_gluon_causal_matches_float64(n_q, n_k, head_dim, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (the Gluon kernels)")
+@pytest.mark.parametrize("n_q,n_k,causal", [(193, 193, True), (1000, 200, True), (1025, 1025, False)])
+def test_gluon_deterministic_backward_matches_float64_and_repeats(n_q, n_k, causal):
+    """``deterministic=True``: the separate Triton dQ pass instead of the fused kernel's reductions,
+    right and the same bits on every call."""
+    q, k, v, grad_out = make_inputs(2, n_q, n_k, 64, torch.bfloat16, seed=n_q + 3 * n_k)
+    check_function(FlashAttentionTriton, q, k, v, grad_out, causal, TOL[torch.bfloat16], "gluon", True)
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    runs = [
+        torch.autograd.grad(FlashAttentionTriton.apply(q, k, v, causal, "gluon", True), (q, k, v), grad_out)
+        for _ in range(3)
+    ]
+    for got in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(got, runs[0], strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (the Gluon kernels)")
 def test_gluon_causal_strided_inputs():
     """q, k, v as views of one fused QKV buffer (row stride 3 D): TMA reads them in place."""
     q, k, v = torch.randn(2, 1000, 3, 64, dtype=torch.bfloat16, device=DEVICE).unbind(2)
