@@ -1,10 +1,12 @@
-"""The fused backward's dQ reductions, kernel time alone (H100, bf16): a reduction per warpgroup
-against one per program (``paired``: a query tile's dQ is one warpgroup's, over both warpgroups'
-keys, the halves alternating tile by tile), at ring stages x dQ staging tiles, beside the two-pass
-backward, at mid and large (D = 64, the model's strided layout), mid-d128, and flash2's causal goal
-shape (16, 16384, 64). Each cell is checked against the two-pass gradients first.
+"""The Gluon dK/dV kernel with and without ``lookahead`` (the next query tile's Sᵀ and dPᵀ issued
+before waiting for this tile's products), kernel time alone (H100, bf16): the dK/dV pass of the
+two-pass backward, and the fused backward at ring stages x dQ staging tiles, beside the whole
+two-pass backward, at mid and large (D = 64, the model's strided layout), mid-d128, and flash2's
+causal goal shape (16, 16384, 64). Each fused cell is checked against the two-pass gradients first.
+(Its version at 29b1fd2 compared one dQ reduction a program with one a warpgroup:
+gluon_fused_paired_29b1fd241464-h100.txt.)
 
-    PYTHONPATH=. python3 reports/data/04_fused_attn/diagnostics/gluon_fused_paired.py
+    PYTHONPATH=. python3 reports/data/04_fused_attn/diagnostics/gluon_fused_lookahead.py
 """
 
 import functools
@@ -52,6 +54,13 @@ def cases():
     yield "flash2-causal(16,16384,64)", 64, (*heads, 64**-0.5, True), two_pass, True
 
 
+def dkdv_alone(q, k, v, o, lse, do, scale, causal, lookahead):
+    delta = backward_delta(o, do)
+    grads, _ = _key_grad_buffers(k, n_chunks=1)
+    backward_hopper.dkdv(q, k, v, lse, do, delta, grads, scale, causal=causal, lookahead=lookahead)
+    return grads
+
+
 def main():
     for label, d, args, two_pass, short in cases():
         reps = dict(warmup=25, rep=100) if short else dict(warmup=1, rep=3)
@@ -59,22 +68,26 @@ def main():
         ref_dq, ref_kv = (ref[0], torch.stack(ref[1:])) if len(ref) == 3 else ref
         base = do_bench(two_pass, **reps)
         print(f"{label} two-pass backward {base:.3f} ms", flush=True)
+        for lookahead in (False, True):
+            kv = dkdv_alone(*args, lookahead).reshape(ref_kv.shape)
+            ms = do_bench(functools.partial(dkdv_alone, *args, lookahead), **reps)
+            print(
+                f"{label} dK/dV pass lookahead={lookahead}: {ms:.3f} ms, rel diff {rel(kv, ref_kv):.1e}",
+                flush=True,
+            )
         block_m, _, regs, _ = backward_hopper.FUSED_CONFIGS[d]
-        for paired in (False, True):
-            for stages in (2, 3):
-                for dq_stages in (1, 2):
-                    launch = dict(config=(block_m, stages, regs), dq_stages=dq_stages, paired=paired)
-                    tag = f"{label} fused paired={paired} stages={stages} dq_stages={dq_stages}"
-                    try:
-                        dq, kv = fused(*args, **launch)
-                        kv = kv.reshape(ref_kv.shape)
-                        err = max(rel(dq.reshape(ref_dq.shape), ref_dq), rel(kv, ref_kv))
-                        ms = do_bench(functools.partial(fused, *args, **launch), **reps)
-                        print(
-                            f"{tag}: {ms:.3f} ms ({base / ms:.3f}x two-pass), rel diff {err:.1e}", flush=True
-                        )
-                    except Exception as exc:  # a config that does not fit is a line, not the end
-                        print(f"{tag}: {type(exc).__name__} {exc}"[:300], flush=True)
+        for lookahead in (False, True):
+            for stages, dq_stages in ((2, 1), (2, 2), (3, 1), (3, 2)):
+                launch = dict(config=(block_m, stages, regs), dq_stages=dq_stages, lookahead=lookahead)
+                tag = f"{label} fused lookahead={lookahead} stages={stages} dq_stages={dq_stages}"
+                try:
+                    dq, kv = fused(*args, **launch)
+                    kv = kv.reshape(ref_kv.shape)
+                    err = max(rel(dq.reshape(ref_dq.shape), ref_dq), rel(kv, ref_kv))
+                    ms = do_bench(functools.partial(fused, *args, **launch), **reps)
+                    print(f"{tag}: {ms:.3f} ms ({base / ms:.3f}x two-pass), rel diff {err:.1e}", flush=True)
+                except Exception as exc:  # a config that does not fit is a line, not the end
+                    print(f"{tag}: {type(exc).__name__} {exc}"[:200], flush=True)
 
 
 if __name__ == "__main__":
