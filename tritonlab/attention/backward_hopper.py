@@ -14,11 +14,14 @@ loop, it cost 16%). Per tile a warpgroup issues Sᵀ = K Qᵀ and dPᵀ = V dO�
 soon as Sᵀ lands and issues dV += Pᵀ dO (Pᵀ from registers) while it waits for dPᵀ, then
 dK += dSᵀ Q.
 
-With ``FUSED_DQ`` (``fused.py``'s fused backward) a warpgroup also stores dSᵀ to shared memory and
-issues dQ = dS K (dS read transposed from there), scales it and adds it into a float32 dQ with a
-TMA reduction from a ring of ``DQ_STAGES`` staging tiles: Triton 3.6 builds that operation for
-Gluon (``create_async_tma_reduce``) without exposing it, hence ``_tma_reduce_add``. The same with
-per-thread fp32 atomics, forward + backward took 9.71 against 7.14 ms at mid (phase 04's README).
+With ``FUSED_DQ`` (``fused.py``'s fused backward, and flash2's) both warpgroups store their dSᵀ to
+shared memory, and the tile's dQ = scale · dS K over the program's 128 keys is the work of one of
+them, alternating tile by tile: it waits for the other's dS (an mbarrier), issues the two products
+(dS read transposed from shared memory), and adds the result into a float32 dQ with one TMA
+reduction from a ring of ``DQ_STAGES`` staging tiles. Triton 3.6 builds that operation for Gluon
+(``create_async_tma_reduce``) without exposing it, hence ``_tma_reduce_add``. A reduction a
+warpgroup instead (twice the L2 traffic) measured within 1% at D = 64 and 3% slower at D = 128;
+per-thread fp32 atomics, 9.71 against 7.14 ms forward + backward at mid (phase 04's README).
 
 Rows past Lq or Lk read as zeros (4-D TMA descriptors over the caller's strides); padding query
 rows get lse = +inf, so their P is 0. Causal (``CAUSAL``, top-left aligned; flash2 takes it): a
@@ -94,56 +97,14 @@ def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs,
 
 
 @gluon.jit
-def _issue_scores(i, k, v, q_bufs, do_bufs, ready_bars, pred):
-    """Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of ring tile ``i``, issued once the tile has landed (``pred``
-    false: past the last tile, the products read a stale slot and are never used)."""
-    STAGES: gl.constexpr = q_bufs.shape[0]
-    BLOCK_M: gl.constexpr = q_bufs.shape[3]
-    HEAD_DIM: gl.constexpr = q_bufs.shape[4]
-    KEYS: gl.constexpr = k.shape[0]
-    slot = i % STAGES
-    mbarrier.wait(ready_bars.index(slot), (i // STAGES) & 1, pred=pred)
-    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, mma_layout(BLOCK_M))
-    q_t = q_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0))
-    do_t = do_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0))
-    st_tok = warpgroup_mma(k, q_t, s_zero, use_acc=False, is_async=True)
-    dpt_tok = warpgroup_mma(v, do_t, s_zero, use_acc=False, is_async=True)
-    return st_tok, dpt_tok
-
-
-@gluon.jit
-def _finish_tile(i, has_next, k, v, q_bufs, do_bufs, ready_bars, empty_bars, dv_tok, dk_tok, dq_tok, p_a, ds_a,
-                 WITH_DQ: gl.constexpr, LOOKAHEAD: gl.constexpr):  # fmt: skip
-    """Waits for ring tile ``i``'s dV, dK (and ``WITH_DQ``, dQ) products and frees its ring slot;
-    with ``LOOKAHEAD`` it first issues tile i + 1's Sᵀ and dPᵀ, so that they run while this
-    warpgroup finishes the tile. Returns dV, dK, dQ (dK without ``WITH_DQ``) and the new products
-    (without ``LOOKAHEAD``, dK twice: the caller issues them after the tile)."""
-    if LOOKAHEAD:
-        st_tok, dpt_tok = _issue_scores(i + 1, k, v, q_bufs, do_bufs, ready_bars, has_next)
-    OUTSTANDING: gl.constexpr = 2 if LOOKAHEAD else 0
-    if WITH_DQ:
-        dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(OUTSTANDING, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
-    else:
-        dv, dk, p_a, ds_a = warpgroup_mma_wait(OUTSTANDING, deps=[dv_tok, dk_tok, p_a, ds_a])
-        dq = dk
-    if not LOOKAHEAD:
-        st_tok, dpt_tok = dk, dk  # issued by the caller, once the tile is done
-    mbarrier.arrive(empty_bars.index(i % q_bufs.shape[0]), count=1)
-    return dv, dk, dq, st_tok, dpt_tok
-
-
-@gluon.jit
-def _dkdv_tile(j, i, n_tiles, st_tok, dpt_tok, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
-               empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h, scale,
-               MASKED: gl.constexpr, FUSED_DQ: gl.constexpr, W: gl.constexpr, LOOKAHEAD: gl.constexpr):  # fmt: skip
-    """Query tile ``j`` (ring tile ``i``, its Sᵀ and dPᵀ in flight): dV += Pᵀ dO and dK += dSᵀ Q
-    (unscaled); ``MASKED``: the causal mask, for the tiles where some query precedes some of these
-    keys. Issues the next tile's Sᵀ and dPᵀ -- with ``LOOKAHEAD`` before waiting for this tile's
-    products, so the tensor cores have work while the warpgroup finishes the tile -- and returns
-    them. ``FUSED_DQ``: also the tile's dQ = scale · dS K, the work of warpgroup ``i % 2``: it waits
-    for the other warpgroup's dS (``ds_ready``), adds both halves' products into one accumulator
-    and adds that into the fp32 dQ of ``dq_desc`` with one TMA reduction from a ring of staging
-    tiles ``dq_smem`` (dS goes through shared memory: the product needs it transposed)."""
+def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale,
+               k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h, scale, MASKED: gl.constexpr,
+               FUSED_DQ: gl.constexpr, W: gl.constexpr):  # fmt: skip
+    """One query tile's dV += Pᵀ dO and dK += dSᵀ Q (unscaled) from ring slot ``i % STAGES``;
+    ``MASKED``: the causal mask, for the tiles where some query precedes some of these keys.
+    ``FUSED_DQ``: dS into ``ds_bufs`` too, and on the tiles this warpgroup ``W`` owns the tile's dQ,
+    scale · dS K over both warpgroups' keys, added into the fp32 dQ of ``dq_desc`` by a TMA
+    reduction from a ring of staging tiles ``dq_smem``."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
@@ -152,12 +113,16 @@ def _dkdv_tile(j, i, n_tiles, st_tok, dpt_tok, k, v, key_start, q_bufs, do_bufs,
     s_layout: gl.constexpr = mma_layout(BLOCK_M)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(HEAD_DIM), k_width=2)
     q_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
 
     slot = i % STAGES
+    mbarrier.wait(ready_bars.index(slot), (i // STAGES) & 1)
     q_tile = q_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
     do_tile = do_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
     lse2 = lse_bufs.index(slot).load(q_cols)
     delta = delta_bufs.index(slot).load(q_cols)
+    st_tok = warpgroup_mma(k, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dpt_tok = warpgroup_mma(v, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_t = warpgroup_mma_wait(1, deps=[st_tok])
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
     if MASKED:
@@ -170,10 +135,13 @@ def _dkdv_tile(j, i, n_tiles, st_tok, dpt_tok, k, v, key_start, q_bufs, do_bufs,
     ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
     ds_a = gl.convert_layout(ds_t, a_layout)
     dk_tok = warpgroup_mma(ds_a, q_tile, dk, is_async=True)
-    has_next = j + 1 < n_tiles
     if FUSED_DQ:
+        # Tile i's dQ is warpgroup (i % 2)'s: it waits for the other's dS (ds_ready), adds both
+        # halves' products into one accumulator and reduces once, so a query tile's dQ crosses L2
+        # once a program instead of once a warpgroup.
+        par = i % 2
         use = i // 2
-        if i % 2 == W:
+        if par == W:
             own = ds_bufs.index(3 * W)  # (W, W)
             own.store(ds_t)
             fence_async_shared()
@@ -184,11 +152,9 @@ def _dkdv_tile(j, i, n_tiles, st_tok, dpt_tok, k, v, key_start, q_bufs, do_bufs,
             )  # fmt: skip
             other = ds_bufs.index(2 - W)  # (1 - W, W)
             dq_tok = warpgroup_mma(other.permute((1, 0)), k_other, dq_tok, is_async=True)
-            dv, dk, dq, next_st, next_dpt = _finish_tile(
-                i, has_next, k, v, q_bufs, do_bufs, ready_bars, empty_bars, dv_tok, dk_tok, dq_tok, p_a, ds_a,
-                True, LOOKAHEAD,
-            )  # fmt: skip
+            dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
             mbarrier.arrive(ds_free.index(1 - W), count=1)
+            mbarrier.arrive(empty_bars.index(slot), count=1)
             DQ_STAGES: gl.constexpr = dq_smem.shape[0]
             tma.store_wait(DQ_STAGES - 1)  # the reduction that last read this staging tile is done
             staged = dq_smem.index(use % DQ_STAGES)
@@ -196,31 +162,25 @@ def _dkdv_tile(j, i, n_tiles, st_tok, dpt_tok, k, v, key_start, q_bufs, do_bufs,
             fence_async_shared()
             _tma_reduce_add(dq_desc, [b, h, j * BLOCK_M, 0], staged)
         else:
-            given = ds_bufs.index(1 + W)  # (W, 1 - W)
+            given = ds_bufs.index(1 + W)  # (W, 1-W)
             mbarrier.wait(ds_free.index(W), (use + 1) & 1, pred=use >= 1)  # its last reader is done
             given.store(ds_t)
             fence_async_shared()
             gl.thread_barrier()  # every thread's dS is in shared memory before the one arrival
             mbarrier.arrive(ds_ready.index(W), count=1)
-            dv, dk, _, next_st, next_dpt = _finish_tile(
-                i, has_next, k, v, q_bufs, do_bufs, ready_bars, empty_bars, dv_tok, dk_tok, None, p_a, ds_a,
-                False, LOOKAHEAD,
-            )  # fmt: skip
+            dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+            mbarrier.arrive(empty_bars.index(slot), count=1)
     else:
-        dv, dk, _, next_st, next_dpt = _finish_tile(
-            i, has_next, k, v, q_bufs, do_bufs, ready_bars, empty_bars, dv_tok, dk_tok, None, p_a, ds_a, False,
-            LOOKAHEAD,
-        )  # fmt: skip
-    if not LOOKAHEAD:
-        next_st, next_dpt = _issue_scores(i + 1, k, v, q_bufs, do_bufs, ready_bars, has_next)
-    return dk, dv, next_st, next_dpt
+        dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+        mbarrier.arrive(empty_bars.index(slot), count=1)
+    return dk, dv
 
 
 @gluon.jit
 def _dkdv_compute(k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, GRADS, scale,
                   qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles,
                   ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
-                  W: gl.constexpr, LOOKAHEAD: gl.constexpr):  # fmt: skip
+                  W: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
     KEYS: gl.constexpr = k_bufs.shape[3]
@@ -235,25 +195,19 @@ def _dkdv_compute(k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs
     mbarrier.wait(kv_bars.index(W), 0)
     if FUSED_DQ:
         mbarrier.wait(kv_bars.index(1 - W), 0)  # the other warpgroup's keys: half of every owned dQ
-    st_tok, dpt_tok = _issue_scores(0, k, v, q_bufs, do_bufs, ready_bars, first_tile < n_tiles)
     # Causal: the tiles with some query before some of these keys run masked, in a loop of their own
     # (at 168 registers the mask in the main loop spilled 68 bytes a thread, against 12 without it).
     unmasked_from = first_tile
     if CAUSAL:
         unmasked_from = gl.minimum(gl.cdiv(key_start + KEYS, BLOCK_M), n_tiles)
         for j in range(first_tile, unmasked_from):
-            dk, dv, st_tok, dpt_tok = _dkdv_tile(
-                j, j - first_tile, n_tiles, st_tok, dpt_tok, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
-                ready_bars, empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h,
-                scale, True, FUSED_DQ, W, LOOKAHEAD,
-            )  # fmt: skip
+            dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
+                                empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b,
+                                h, scale, True, FUSED_DQ, W)  # fmt: skip
     for j in range(unmasked_from, n_tiles):
-        dk, dv, st_tok, dpt_tok = _dkdv_tile(
-            j, j - first_tile, n_tiles, st_tok, dpt_tok, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
-            ready_bars, empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h,
-            scale, False, FUSED_DQ, W, LOOKAHEAD,
-        )  # fmt: skip
-    warpgroup_mma_wait(0, deps=[st_tok, dpt_tok])  # the products issued past the last tile
+        dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
+                            empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h,
+                            scale, False, FUSED_DQ, W)  # fmt: skip
 
     if FUSED_DQ:
         tma.store_wait(0)
@@ -272,7 +226,7 @@ def _dkdv_kernel(
     stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
     REGS: gl.constexpr = 240, FUSED_DQ: gl.constexpr = False, DS_LAYOUT: gl.constexpr = None,
-    DQ_STAGES: gl.constexpr = 1, LOOKAHEAD: gl.constexpr = False,
+    DQ_STAGES: gl.constexpr = 1,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
@@ -332,12 +286,11 @@ def _dkdv_kernel(
         [
             (_dkdv_compute, (k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars,
                              GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk,
-                             first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_0, dq_desc, CAUSAL, FUSED_DQ, 0,
-                             LOOKAHEAD)),
+                             first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_0, dq_desc, CAUSAL, FUSED_DQ, 0)),
             (_dkdv_compute, (k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars,
                              GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h,
                              key_start + KEYS, Lk, first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_1, dq_desc,
-                             CAUSAL, FUSED_DQ, 1, LOOKAHEAD)),
+                             CAUSAL, FUSED_DQ, 1)),
             (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs,
                           kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, n_tiles,
                           BLOCK_M, STAGES)),
@@ -357,14 +310,12 @@ CONFIGS = {64: (64, 3, 240), 128: (64, 2, 240)}
 
 
 # The fused backward's (BLOCK_M, STAGES, REGS, DQ_STAGES: dQ staging tiles a warpgroup), measured on
-# the H100, kernel alone (reports/data/04_fused_attn/diagnostics/gluon_fused_configs_*): at D = 64 two
-# staging tiles and 2 stages, 5.365 ms at mid against 5.564 with one (3 stages: 5.374 / 5.424) and
-# 495.3 ms at large (one tile: 502.3); at D = 128 one staging tile, 2 stages (the others need more
-# than Hopper's shared memory): 5.748 ms at mid.
-FUSED_CONFIGS = {64: (64, 2, 240, 2), 128: (64, 2, 240, 1)}
-
-# Whether a warpgroup issues the next tile's Sᵀ and dPᵀ before waiting for this tile's products, per D.
-LOOKAHEAD = {64: True, 128: False}
+# the H100, kernel alone (reports/data/04_fused_attn/diagnostics/gluon_fused_*): at D = 64 two staging
+# tiles and 2 stages, 5.269 ms at mid against 5.246 for the two-pass backward (one tile: 5.361; 3
+# stages: 5.392 / 5.408), 472.1 ms at large against 489.3, and 3.184 at flash2's causal goal shape
+# against 3.514. At D = 128 the fused kernel spills (264 bytes a thread) and loses to the two-pass
+# one (5.565 against 4.995 ms at mid): no entry, callers take the two-pass backward there.
+FUSED_CONFIGS = {64: (64, 2, 240, 2)}
 
 
 _LAUNCHES = LaunchCache(first_launch)
@@ -404,7 +355,6 @@ def dkdv(
     config: tuple | None = None,
     dq=None,
     dq_stages: int | None = None,
-    lookahead: bool | None = None,
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
@@ -434,11 +384,10 @@ def dkdv(
         {
             "HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
             "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), q.dtype) if fused else None,
-            "DQ_STAGES": dq_stages, "LOOKAHEAD": LOOKAHEAD[D] if lookahead is None else lookahead,
-            "num_warps": 4,
+            "DQ_STAGES": dq_stages, "num_warps": 4,
         },
         key_tensors=(q, k, v, do, grads),
     )  # fmt: skip
 
 
-__all__ = ["CONFIGS", "FUSED_CONFIGS", "LOOKAHEAD", "config_string", "dkdv", "launch_config"]
+__all__ = ["CONFIGS", "FUSED_CONFIGS", "config_string", "dkdv", "launch_config"]

@@ -585,9 +585,10 @@ def flash_backward(
     """dQ, dK, dV from the saved O and L: Δ first, then the dK/dV and the dQ kernels. ``impl`` as
     ``flash_forward``'s: with Gluon the dK/dV kernel is ``backward_hopper``'s where it has a config
     for D (``backward_hopper.CONFIGS``) and dO is TMA-addressable (a ``dkdv_config`` pins the Triton
-    one under "auto"), and unless ``deterministic`` (or a ``dq_config`` is given) it computes dQ too,
-    summed in float32 by TMA reductions in no fixed order (the fused backward); otherwise dQ is the
-    Triton kernel's, deterministic."""
+    one under "auto"), and where it has a fused config (``backward_hopper.FUSED_CONFIGS``: D = 64)
+    unless ``deterministic`` (or a ``dq_config`` is given) it computes dQ too, summed in float32 by
+    TMA reductions in no fixed order (the fused backward); otherwise dQ is the Triton kernel's,
+    deterministic."""
     batch, n_q, head_dim = q.shape
     n_k = k.shape[1]
     sm_scale = 1.0 / math.sqrt(head_dim)
@@ -598,7 +599,7 @@ def flash_backward(
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     gluon = _uses_gluon(q, k, v, "triton" if dkdv_config is not None and impl == "auto" else impl)
     gluon = gluon and head_dim in backward_hopper.CONFIGS and tma_ok(grad_o)
-    if gluon and not deterministic and dq_config is None:
+    if gluon and head_dim in backward_hopper.FUSED_CONFIGS and not deterministic and dq_config is None:
         grads = torch.empty((2, batch, 1, n_k, head_dim), dtype=k.dtype, device=k.device)
         dq_sum = torch.zeros((batch, 1, n_q, head_dim), dtype=torch.float32, device=q.device)
         heads = (t.unsqueeze(1) for t in (q, k, v, lse, grad_o, delta))

@@ -74,6 +74,7 @@ from .backward import (
     _query_chunk,
     _reduce_key_grads,
     _store_key_block,
+    _two_pass_backward,
     _uses_gluon,
 )
 
@@ -349,11 +350,15 @@ def _deterministic_fused_backward(q, k, v, o, lse, do, scale: float, record: Con
 
 def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):
     """The fused backward: on Hopper, where the Gluon kernels run, ``backward_hopper``'s dK/dV kernel
-    adding each tile's dQ into a float32 buffer with TMA reductions (see the module docstring);
-    elsewhere the deterministic one-launch kernel."""
+    adding each tile's dQ into a float32 buffer with TMA reductions (see the module docstring) at
+    the head dims it has a config for (``FUSED_CONFIGS``: D = 64), the two-pass backward at the
+    others (at D = 128 the fused kernel spills and measured 5.57 against 5.00 ms at mid); elsewhere
+    the deterministic one-launch kernel."""
     if INTERPRET or not _uses_gluon(q, k, v, do):
         return _deterministic_fused_backward(q, k, v, o, lse, do, scale, record)
     B, H, Lq, D = q.shape
+    if D not in backward_hopper.FUSED_CONFIGS:
+        return _two_pass_backward(q, k, v, o, lse, do, scale, record)
     delta = backward_delta(o, do)
     grads, _ = _key_grad_buffers(k, n_chunks=1)
     dq_sum = torch.zeros((B, H, Lq, D), dtype=torch.float32, device=q.device)
@@ -383,10 +388,10 @@ def fused_attention(
     record: ConfigRecord | None = None,
 ) -> torch.Tensor:
     """Differentiable rectangular attention, softmax(scale · q kᵀ) v, with a fused backward. Inputs
-    as ``attention_forward``'s. On Hopper (bf16/fp16, D 64 or 128, TMA-addressable inputs, keys past
+    as ``attention_forward``'s. On Hopper (bf16/fp16, D = 64, TMA-addressable inputs, keys past
     ``forward.GLUON_FROM_LK``) dQ is summed in float32 by TMA reductions in no fixed order, so it may
     differ from run to run in the last bits; ``deterministic=True`` takes the one-launch kernel
-    without atomics there too.
+    without atomics there too. At D = 128 there the two-pass backward runs (faster, deterministic).
     ``record`` receives the configs of the forward ("forward") and of the backward ("fused", with the
     compiler's "n_regs" and "n_spills" for the deterministic kernel); it cannot be passed under
     torch.compile."""

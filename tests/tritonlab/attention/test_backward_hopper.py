@@ -23,13 +23,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import torch
-from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, LOOKAHEAD, ROWS, _dkdv_kernel
+from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, ROWS, _dkdv_kernel
 from tritonlab.attention.forward_hopper import shared_layout
 from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report
 
 results = {}
-for d, causal, fused in [(d, causal, fused) for d in CONFIGS for causal in (False, True) for fused in (False, True)]:
+for d, causal, fused in [(d, c, f) for d in CONFIGS for c in (False, True) for f in (False, True) if d in FUSED_CONFIGS or not f]:
     block_m, stages, regs, *dq_stages = FUSED_CONFIGS[d] if fused else CONFIGS[d]
     sig = {"q_desc": desc(block_m, d), "k_desc": desc(ROWS, d), "v_desc": desc(ROWS, d), "do_desc": desc(block_m, d),
            "LSE": "*fp32", "DELTA": "*fp32", "GRADS": "*bf16",
@@ -38,10 +38,10 @@ for d, causal, fused in [(d, causal, fused) for d in CONFIGS for causal in (Fals
            "stride_gs": "i64", "stride_gb": "i32", "stride_gh": "i32", "stride_gl": "i32", "H": "i32", "Lq": "i32",
            "Lk": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "STAGES": "constexpr",
            "CAUSAL": "constexpr", "REGS": "constexpr", "FUSED_DQ": "constexpr", "DS_LAYOUT": "constexpr",
-           "DQ_STAGES": "constexpr", "LOOKAHEAD": "constexpr"}
+           "DQ_STAGES": "constexpr"}
     consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
               "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), torch.bfloat16) if fused else None,
-              "DQ_STAGES": dq_stages[0] if fused else 1, "LOOKAHEAD": LOOKAHEAD[d]}
+              "DQ_STAGES": dq_stages[0] if fused else 1}
     if not fused:
         consts["dq_desc"] = None
     out = triton.compile(GluonASTSource(_dkdv_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
@@ -55,15 +55,19 @@ print(json.dumps(results))
 @pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_the_sm90a_build_fits_hopper():
     results = json.loads(run_without_interpreter(_BUILD).stdout.strip().splitlines()[-1])
-    assert set(results) == {f"{d}-{c}{f}" for d in (64, 128) for c in (False, True) for f in ("", "-fused")}
+    # The fused kernel has a config at D = 64 only (at 128 callers take the two-pass backward).
+    assert set(results) == {f"{d}-{c}" for d in (64, 128) for c in (False, True)} | {
+        "64-False-fused",
+        "64-True-fused",
+    }
     for key, r in results.items():
         # Two MMA warpgroups and a load warp, padded to whole warpgroups: 12 warps.
         assert r["warps"] == 12, (key, r)
         assert r["shared"] <= HOPPER_SHARED_MEMORY, (key, r)
-        # Measured (sm_90a, 240 registers for the second MMA warpgroup): none at D = 64 but 8 bytes a
-        # thread fused and causal; at D = 128 (two 64 x 128 fp32 accumulators, a third for the fused
-        # dQ) none in the dK/dV pass, fused 36 and causal 68 -- kept: the fastest configs measured.
-        most = {"64-True-fused": 8, "128-False-fused": 36, "128-True-fused": 68}
+        # Measured (sm_90a, 240 registers for the second MMA warpgroup): none at D = 64, fused or not; at
+        # D = 128 (two 64 x 128 fp32 accumulators) 40 bytes a thread, 100 causal -- kept: the fastest
+        # configs measured there.
+        most = {"128-False": 48, "128-True": 112}
         assert r["spill_stores"] <= most.get(key, 0), (key, r)
 
 
@@ -78,7 +82,7 @@ def test_the_sm90a_build_fits_hopper():
 )
 def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, D, layout, backward):
     """The two-pass backward's Gluon dK/dV, and the fused backward's (the same kernel adding dQ with
-    atomics), against float64."""
+    TMA reductions; at D = 128 the two-pass one), against float64."""
     if layout == "model":
         q, k, v = model_qkv(B, H, Lq, Lk, D, dtype)
     else:
@@ -88,8 +92,8 @@ def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, D, layout, back
     record = ConfigRecord()
     fn = attention if backward == "two-pass" else fused_attention
     fn(q, k, v, record=record).backward(do)
-    if backward == "two-pass":
-        assert record.picked["dkdv"].startswith("gluon:"), record.picked
+    if backward == "two-pass" or D not in FUSED_CONFIGS:  # (fused_attention's backward at D = 128)
+        assert record.picked["dkdv"].startswith("gluon:") and "fused" not in record.picked, record.picked
     else:
         assert record.picked["fused"].startswith("gluon:") and "dq=tma-reduce" in record.picked["fused"]
     ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
