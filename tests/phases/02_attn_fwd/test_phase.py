@@ -68,3 +68,17 @@ def test_report_renders_speedups_and_the_headline(tmp_path):
     assert mid.ours == "triton" and mid.baseline == "sdpa-cudnn" and mid.ratio == pytest.approx(1.1)
     assert mid.verdict() == "met" and verdicts["large, fwd, bf16"].verdict() == "missed by 0.5%"
     assert report.REPORT.title == title("02_attn_fwd")
+
+
+def test_report_shows_the_other_head_dims_shapes(tmp_path):
+    """A --head-dim 128 run's rows (mid-d128) appear in the shapes table beside the model's, with
+    their speedups over cuDNN."""
+    report = phase_module("02", "report")
+    df = pd.concat([
+        gpu_rows({"triton": 2.0, "sdpa-cudnn": 2.2}),
+        gpu_rows({"triton": 1.6, "sdpa-cudnn": 2.0}, shape="mid-d128", group="g2"),
+    ])  # fmt: skip
+    text = report.REPORT.render(df, Figures("02_attn_fwd", tmp_path, "H100"))
+    shapes_table = text.split("TransformerNP shapes")[1].split("\n## ")[0]
+    d128 = [line for line in shapes_table.splitlines() if "| mid-d128 " in line]
+    assert len(d128) == 2 and any("| 1.25 " in line for line in d128), shapes_table
