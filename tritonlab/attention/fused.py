@@ -1,12 +1,13 @@
 """Differentiable rectangular attention with a fused backward, the two-pass backward's gradients
 (``backward.py``) from one pass over the score tiles.
 
-On Hopper, where the Gluon kernels run (``backward._uses_gluon``), the fused backward is
-``backward_hopper``'s dK/dV kernel with a fifth product per tile: each MMA warpgroup computes its
-share of the query tile's dQ = scale · dS K and adds it into a float32 buffer with a TMA reduction
-(``cp.reduce.async.bulk.tensor``) from a ring of staging tiles, so no program waits for another.
-Five products a score tile against the two-pass backward's seven; the order of the dQ sum varies
-from run to run (within float32 rounding).
+On Hopper, where the Gluon kernels run (``backward._uses_gluon``), the fused backward at D = 64 is
+``backward_hopper``'s dK/dV kernel with a fifth product per tile: the query tile's dQ = scale · dS K
+over a program's 128 keys, computed by one of its two MMA warpgroups (alternating tile by tile) and
+added into a float32 buffer with a TMA reduction (``cp.reduce.async.bulk.tensor``) from a ring of
+staging tiles, so no program waits for another. Five products a score tile against the two-pass
+backward's seven; the order of the dQ sum varies from run to run (within float32 rounding). At
+D = 128 that kernel spills and loses to the two-pass backward, which runs there instead.
 
 ``deterministic=True``, and every call off Hopper, runs the kernel below instead: one launch
 computes Δ, dK, dV and dQ, recomputing the tiles on chip, with no atomics. Why not one program
