@@ -177,10 +177,122 @@ def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, rea
 
 
 @gluon.jit
+def _owned_dq(i, j, k, k_other, ds_bufs, ds_ready, b, h, dq_desc, W: gl.constexpr):
+    """Issues warpgroup ``W``'s dQ of its owned ring tile ``i``: scale-free dS K over both warpgroups'
+    keys, once the other's dS has landed in shared memory (``ds_ready``)."""
+    BLOCK_M: gl.constexpr = ds_bufs.shape[2]
+    HEAD_DIM: gl.constexpr = k.shape[1]
+    mbarrier.wait(ds_ready.index(1 - W), (i // 2) & 1)
+    zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, mma_layout(HEAD_DIM))
+    dq_tok = warpgroup_mma(ds_bufs.index(3 * W).permute((1, 0)), k, zero, use_acc=False, is_async=True)
+    return warpgroup_mma(ds_bufs.index(2 - W).permute((1, 0)), k_other, dq_tok, is_async=True)
+
+
+@gluon.jit
+def _reduce_dq(dq, i, j, ds_free, dq_smem, dq_desc, b, h, scale, W: gl.constexpr):
+    """Frees the other warpgroup's dS of ring tile ``i`` and adds ``dq`` (query tile ``j``) into
+    the fp32 dQ by a TMA reduction from the staging ring."""
+    BLOCK_M: gl.constexpr = dq_smem.shape[3]
+    HEAD_DIM: gl.constexpr = dq_smem.shape[4]
+    DQ_STAGES: gl.constexpr = dq_smem.shape[0]
+    mbarrier.arrive(ds_free.index(1 - W), count=1)
+    tma.store_wait(DQ_STAGES - 1)  # the reduction that last read this staging tile is done
+    staged = dq_smem.index((i // 2) % DQ_STAGES)
+    staged.reshape([BLOCK_M, HEAD_DIM]).store(dq * scale)
+    fence_async_shared()
+    _tma_reduce_add(dq_desc, [b, h, j * BLOCK_M, 0], staged)
+
+
+@gluon.jit
+def _fused_tile(j, i, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, dk, dv,
+                qk_scale, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h, scale, MASKED: gl.constexpr,
+                W: gl.constexpr, OWN: gl.constexpr, PRIOR: gl.constexpr):  # fmt: skip
+    """The deferred fused backward's query tile ``j`` (ring tile ``i``) for warpgroup ``W``: dV and
+    dK as ``_dkdv_tile``'s, dS into shared memory -- its own slot (``OWN``: this warpgroup's dQ
+    tile, the product issued with the next tile) or the one it gives the other warpgroup. A given
+    tile with ``PRIOR`` also issues the previous (owned) tile's dQ beside its dK, a tile after the
+    other warpgroup gave its half of dS (no waiting in lockstep), and reduces it at the end."""
+    STAGES: gl.constexpr = q_bufs.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.shape[3]
+    HEAD_DIM: gl.constexpr = q_bufs.shape[4]
+    KEYS: gl.constexpr = k.shape[0]
+    dtype: gl.constexpr = q_bufs.dtype
+    s_layout: gl.constexpr = mma_layout(BLOCK_M)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(HEAD_DIM), k_width=2)
+    q_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
+
+    slot = i % STAGES
+    mbarrier.wait(ready_bars.index(slot), (i // STAGES) & 1)
+    q_tile = q_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    do_tile = do_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    lse2 = lse_bufs.index(slot).load(q_cols)
+    delta = delta_bufs.index(slot).load(q_cols)
+    st_tok = warpgroup_mma(k, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dpt_tok = warpgroup_mma(v, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s_t = warpgroup_mma_wait(1, deps=[st_tok])
+    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+    if MASKED:
+        rows = j * BLOCK_M + gl.arange(0, BLOCK_M, layout=q_cols)
+        keys = key_start + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+        p_t = gl.where(rows[None, :] >= keys[:, None], p_t, 0.0)
+    p_a = gl.convert_layout(p_t.to(dtype), a_layout)
+    dv_tok = warpgroup_mma(p_a, do_tile, dv, is_async=True)
+    dp_t = warpgroup_mma_wait(1, deps=[dpt_tok])
+    ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
+    ds_a = gl.convert_layout(ds_t, a_layout)
+    dk_tok = warpgroup_mma(ds_a, q_tile, dk, is_async=True)
+    if PRIOR:
+        dq_tok = _owned_dq(i - 1, j - 1, k, k_other, ds_bufs, ds_ready, b, h, dq_desc, W)
+    if OWN:
+        ds_bufs.index(3 * W).store(ds_t)  # (W, W): read by this warpgroup's product with the next tile
+        fence_async_shared()
+        dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+        mbarrier.arrive(empty_bars.index(slot), count=1)
+    else:
+        given = ds_bufs.index(1 + W)  # (W, 1 - W)
+        use = i // 2
+        mbarrier.wait(ds_free.index(W), (use + 1) & 1, pred=use >= 1)  # its last reader is done
+        given.store(ds_t)
+        fence_async_shared()
+        gl.thread_barrier()  # every thread's dS is in shared memory before the one arrival
+        mbarrier.arrive(ds_ready.index(W), count=1)
+        if PRIOR:
+            dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
+            mbarrier.arrive(empty_bars.index(slot), count=1)
+            _reduce_dq(dq, i - 1, j - 1, ds_free, dq_smem, dq_desc, b, h, scale, W)
+        else:
+            dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+            mbarrier.arrive(empty_bars.index(slot), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _fused_pairs(t_from, t_to, n, first_tile, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                 ready_bars, empty_bars, dk, dv, qk_scale, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h, scale,
+                 MASKED: gl.constexpr, W: gl.constexpr):  # fmt: skip
+    """Warpgroup ``W``'s owned ring tiles t in [t_from, t_to) (step 2), each with the given tile after
+    it (whose work carries the owned tile's dQ), or, past the last of ``n`` tiles, its dQ alone."""
+    for t in range(t_from, t_to, 2):
+        dk, dv = _fused_tile(t + first_tile, t, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                             ready_bars, empty_bars, dk, dv, qk_scale, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc,
+                             b, h, scale, MASKED, W, True, False)  # fmt: skip
+        if t + 1 < n:
+            dk, dv = _fused_tile(t + 1 + first_tile, t + 1, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs,
+                                 delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale, ds_bufs, ds_ready, ds_free,
+                                 dq_smem, dq_desc, b, h, scale, MASKED, W, False, True)  # fmt: skip
+        else:
+            dq_tok = _owned_dq(t, t + first_tile, k, k_other, ds_bufs, ds_ready, b, h, dq_desc, W)
+            dq = warpgroup_mma_wait(0, deps=[dq_tok])
+            _reduce_dq(dq, t, t + first_tile, ds_free, dq_smem, dq_desc, b, h, scale, W)
+    return dk, dv
+
+
+@gluon.jit
 def _dkdv_compute(k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, GRADS, scale,
                   qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles,
                   ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
-                  W: gl.constexpr):  # fmt: skip
+                  W: gl.constexpr, DEFER: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
     KEYS: gl.constexpr = k_bufs.shape[3]
@@ -200,14 +312,32 @@ def _dkdv_compute(k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs
     unmasked_from = first_tile
     if CAUSAL:
         unmasked_from = gl.minimum(gl.cdiv(key_start + KEYS, BLOCK_M), n_tiles)
-        for j in range(first_tile, unmasked_from):
+    if FUSED_DQ and DEFER:
+        # Tiles in pairs (owned, given): warpgroup 1 gives tile 0 alone first. Pairs that reach a
+        # tile needing the mask run masked (harmless on the other).
+        n = n_tiles - first_tile
+        if W == 1 and n > 0:
+            dk, dv = _fused_tile(first_tile, 0, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                                 ready_bars, empty_bars, dk, dv, qk_scale, ds_bufs, ds_ready, ds_free, dq_smem,
+                                 dq_desc, b, h, scale, CAUSAL, W, False, False)  # fmt: skip
+        masked_to = W + 2 * gl.cdiv(gl.maximum(unmasked_from - first_tile - W, 0), 2)
+        if CAUSAL:
+            dk, dv = _fused_pairs(W, masked_to, n, first_tile, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs,
+                                  delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale, ds_bufs, ds_ready, ds_free,
+                                  dq_smem, dq_desc, b, h, scale, True, W)  # fmt: skip
+        dk, dv = _fused_pairs(masked_to, n, n, first_tile, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs,
+                              delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale, ds_bufs, ds_ready, ds_free,
+                              dq_smem, dq_desc, b, h, scale, False, W)  # fmt: skip
+    else:
+        if CAUSAL:
+            for j in range(first_tile, unmasked_from):
+                dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                                    ready_bars, empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free,
+                                    dq_smem, dq_desc, b, h, scale, True, FUSED_DQ, W)  # fmt: skip
+        for j in range(unmasked_from, n_tiles):
             dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
                                 empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b,
-                                h, scale, True, FUSED_DQ, W)  # fmt: skip
-    for j in range(unmasked_from, n_tiles):
-        dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
-                            empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h,
-                            scale, False, FUSED_DQ, W)  # fmt: skip
+                                h, scale, False, FUSED_DQ, W)  # fmt: skip
 
     if FUSED_DQ:
         tma.store_wait(0)
@@ -226,7 +356,7 @@ def _dkdv_kernel(
     stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
     REGS: gl.constexpr = 240, FUSED_DQ: gl.constexpr = False, DS_LAYOUT: gl.constexpr = None,
-    DQ_STAGES: gl.constexpr = 1,
+    DQ_STAGES: gl.constexpr = 1, DEFER: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
@@ -286,11 +416,12 @@ def _dkdv_kernel(
         [
             (_dkdv_compute, (k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars,
                              GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk,
-                             first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_0, dq_desc, CAUSAL, FUSED_DQ, 0)),
+                             first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_0, dq_desc, CAUSAL, FUSED_DQ, 0,
+                             DEFER)),
             (_dkdv_compute, (k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars,
                              GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h,
                              key_start + KEYS, Lk, first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_1, dq_desc,
-                             CAUSAL, FUSED_DQ, 1)),
+                             CAUSAL, FUSED_DQ, 1, DEFER)),
             (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs,
                           kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, n_tiles,
                           BLOCK_M, STAGES)),
@@ -355,6 +486,7 @@ def dkdv(
     config: tuple | None = None,
     dq=None,
     dq_stages: int | None = None,
+    defer: bool = False,
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
@@ -384,7 +516,7 @@ def dkdv(
         {
             "HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
             "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), q.dtype) if fused else None,
-            "DQ_STAGES": dq_stages, "num_warps": 4,
+            "DQ_STAGES": dq_stages, "DEFER": fused and defer, "num_warps": 4,
         },
         key_tensors=(q, k, v, do, grads),
     )  # fmt: skip
