@@ -492,12 +492,18 @@ def dkdv(
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
     keeps key j for query i when i >= j (top-left aligned). With ``dq``, a zeroed float32
     (B, H, Lq, D) contiguous tensor, dQ is added into it too, by TMA reductions: the fused backward,
-    whose dQ sum runs in no fixed order. ``config`` (BLOCK_M, STAGES, REGS) and ``dq_stages`` override
-    ``CONFIGS[D]``, or with ``dq`` ``FUSED_CONFIGS[D]``."""
+    whose dQ sum runs in no fixed order; ``defer``: its dQ products issued a tile late (see
+    ``_fused_tile``; measured faster kernel-alone, not yet the default: its GPU tests at odd tile
+    counts are to run). ``config`` (BLOCK_M, STAGES, REGS) and ``dq_stages`` override ``CONFIGS[D]``,
+    or with ``dq`` ``FUSED_CONFIGS[D]``."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     fused = dq is not None
     block_m, stages, regs, dq_stages = launch_config(D, fused, config, dq_stages)
+    if defer and stages > 2:
+        raise ValueError(
+            f"config: defer=True builds with 2 ring stages, got {stages} (ptxas of Triton 3.6 crashes at 3)"
+        )
     launch(
         _LAUNCHES,
         _dkdv_kernel,

@@ -9,7 +9,8 @@ import torch
 
 from tritonlab._runtime import kernel_device_type
 from tritonlab.attention import attention, fused_attention
-from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, launch_config
+from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, dkdv, launch_config
+from tritonlab.attention.flash2 import flash_forward
 from tritonlab.attention.forward import GLUON_FROM_LK
 from tritonlab.testing import model_qkv, rel_err, run_without_interpreter, triton_tools_missing
 from tritonlab.tuning import HOPPER_SHARED_MEMORY, ConfigRecord
@@ -29,7 +30,8 @@ from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report
 
 results = {}
-for d, causal, fused in [(d, c, f) for d in CONFIGS for c in (False, True) for f in (False, True) if d in FUSED_CONFIGS or not f]:
+for d, causal, fused, defer in [(d, c, f, df) for d in CONFIGS for c in (False, True) for f in (False, True)
+                                for df in ((False, True) if f else (False,)) if d in FUSED_CONFIGS or not f]:
     block_m, stages, regs, *dq_stages = FUSED_CONFIGS[d] if fused else CONFIGS[d]
     sig = {"q_desc": desc(block_m, d), "k_desc": desc(ROWS, d), "v_desc": desc(ROWS, d), "do_desc": desc(block_m, d),
            "LSE": "*fp32", "DELTA": "*fp32", "GRADS": "*bf16",
@@ -38,15 +40,15 @@ for d, causal, fused in [(d, c, f) for d in CONFIGS for c in (False, True) for f
            "stride_gs": "i64", "stride_gb": "i32", "stride_gh": "i32", "stride_gl": "i32", "H": "i32", "Lq": "i32",
            "Lk": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "STAGES": "constexpr",
            "CAUSAL": "constexpr", "REGS": "constexpr", "FUSED_DQ": "constexpr", "DS_LAYOUT": "constexpr",
-           "DQ_STAGES": "constexpr"}
+           "DQ_STAGES": "constexpr", "DEFER": "constexpr"}
     consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
               "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), torch.bfloat16) if fused else None,
-              "DQ_STAGES": dq_stages[0] if fused else 1}
+              "DQ_STAGES": dq_stages[0] if fused else 1, "DEFER": defer}
     if not fused:
         consts["dq_desc"] = None
     out = triton.compile(GluonASTSource(_dkdv_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4})
-    results[f"{d}-{causal}" + ("-fused" if fused else "")] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
+    results[f"{d}-{causal}" + ("-fused" if fused else "") + ("-defer" if defer else "")] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
                   **ptxas_report(out.asm["ptx"], "sm_90a")}
 print(json.dumps(results))
 """
@@ -57,17 +59,16 @@ def test_the_sm90a_build_fits_hopper():
     results = json.loads(run_without_interpreter(_BUILD).stdout.strip().splitlines()[-1])
     # The fused kernel has a config at D = 64 only (at 128 callers take the two-pass backward).
     assert set(results) == {f"{d}-{c}" for d in (64, 128) for c in (False, True)} | {
-        "64-False-fused",
-        "64-True-fused",
+        f"64-{c}-fused{df}" for c in (False, True) for df in ("", "-defer")
     }
     for key, r in results.items():
         # Two MMA warpgroups and a load warp, padded to whole warpgroups: 12 warps.
         assert r["warps"] == 12, (key, r)
         assert r["shared"] <= HOPPER_SHARED_MEMORY, (key, r)
-        # Measured (sm_90a, 240 registers for the second MMA warpgroup): none at D = 64, fused or not; at
-        # D = 128 (two 64 x 128 fp32 accumulators) 40 bytes a thread, 100 causal -- kept: the fastest
-        # configs measured there.
-        most = {"128-False": 48, "128-True": 112}
+        # Measured (sm_90a, 240 registers for the second MMA warpgroup): none at D = 64, fused or not,
+        # but 172 bytes a thread with the deferred dQ (344 causal); at D = 128 (two 64 x 128 fp32
+        # accumulators) 40 bytes, 100 causal -- kept: the fastest configs measured there.
+        most = {"128-False": 48, "128-True": 112, "64-False-fused-defer": 180, "64-True-fused-defer": 360}
         assert r["spill_stores"] <= most.get(key, 0), (key, r)
 
 
@@ -103,6 +104,38 @@ def test_gluon_dkdv_gradients_match_float64(B, H, Lq, Lk, dtype, D, layout, back
     for name, got, want in zip("qkv", (q, k, v), ref, strict=True):
         assert torch.isfinite(got.grad).all(), name
         assert rel_err(got.grad, want.grad) < bound, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("BH", "Lq", "Lk"), [(2, 1, 1000), (2, 257, 1017), (3, 193, 130), (4, 2049, 999)])
+def test_deferred_dq_matches_float64(BH, Lq, Lk, causal):
+    """dkdv(defer=True): the fused backward with its dQ products a tile late -- query tile counts
+    odd and even, one tile, causal or not -- against float64."""
+    D = 64
+    q, k, v, do = (torch.randn(BH, n, D, device="cuda", dtype=torch.bfloat16) for n in (Lq, Lk, Lk, Lq))
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    s = ref[0] @ ref[1].transpose(-1, -2) * D**-0.5
+    if causal:  # top-left aligned, as flash2 takes it
+        s = s.masked_fill(~torch.ones(Lq, Lk, dtype=torch.bool, device="cuda").tril(), float("-inf"))
+    (torch.softmax(s, -1).nan_to_num() @ ref[2]).backward(do.double())
+    o, lse = flash_forward(q, k, v, causal)
+    delta = (o.float() * do.float()).sum(-1)
+    grads = torch.empty((2, BH, 1, Lk, D), dtype=torch.bfloat16, device="cuda")
+    dq = torch.zeros((BH, 1, Lq, D), dtype=torch.float32, device="cuda")
+    heads = (t.unsqueeze(1) for t in (q, k, v, lse, do, delta))
+    dkdv(*heads, grads, D**-0.5, causal=causal, dq=dq, defer=True)
+    for name, got, want in zip("qkv", (dq[:, 0], grads[0, :, 0], grads[1, :, 0]), ref, strict=True):
+        assert torch.isfinite(got).all(), name
+        assert rel_err(got, want.grad) < 1e-2, name
+
+
+def test_defer_refuses_three_ring_stages():
+    with pytest.raises(ValueError, match="defer=True builds with 2 ring stages"):
+        t = torch.zeros(1, 1, 64, 64, dtype=torch.bfloat16)
+        dkdv(t, t, t, t[..., 0].float(), t, t[..., 0].float(), torch.empty(2, 1, 1, 64, 64), 0.125,
+             dq=t.float(), config=(64, 3, 240), defer=True)  # fmt: skip
 
 
 @pytest.mark.gpu
