@@ -177,7 +177,7 @@ def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, rea
 
 
 @gluon.jit
-def _owned_dq(i, j, k, k_other, ds_bufs, ds_ready, b, h, dq_desc, W: gl.constexpr):
+def _owned_dq(i, k, k_other, ds_bufs, ds_ready, W: gl.constexpr):
     """Issues warpgroup ``W``'s dQ of its owned ring tile ``i``: scale-free dS K over both warpgroups'
     keys, once the other's dS has landed in shared memory (``ds_ready``)."""
     BLOCK_M: gl.constexpr = ds_bufs.shape[2]
@@ -243,7 +243,7 @@ def _fused_tile(j, i, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs, delta
     ds_a = gl.convert_layout(ds_t, a_layout)
     dk_tok = warpgroup_mma(ds_a, q_tile, dk, is_async=True)
     if PRIOR:
-        dq_tok = _owned_dq(i - 1, j - 1, k, k_other, ds_bufs, ds_ready, b, h, dq_desc, W)
+        dq_tok = _owned_dq(i - 1, k, k_other, ds_bufs, ds_ready, W)
     if OWN:
         ds_bufs.index(3 * W).store(ds_t)  # (W, W): read by this warpgroup's product with the next tile
         fence_async_shared()
@@ -282,7 +282,7 @@ def _fused_pairs(t_from, t_to, n, first_tile, k, v, k_other, key_start, q_bufs, 
                                  delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale, ds_bufs, ds_ready, ds_free,
                                  dq_smem, dq_desc, b, h, scale, MASKED, W, False, True)  # fmt: skip
         else:
-            dq_tok = _owned_dq(t, t + first_tile, k, k_other, ds_bufs, ds_ready, b, h, dq_desc, W)
+            dq_tok = _owned_dq(t, k, k_other, ds_bufs, ds_ready, W)
             dq = warpgroup_mma_wait(0, deps=[dq_tok])
             _reduce_dq(dq, t, t + first_tile, ds_free, dq_smem, dq_desc, b, h, scale, W)
     return dk, dv
