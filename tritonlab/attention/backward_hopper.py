@@ -97,14 +97,12 @@ def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs,
 
 
 @gluon.jit
-def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale,
-               k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h, scale, MASKED: gl.constexpr,
-               FUSED_DQ: gl.constexpr, W: gl.constexpr):  # fmt: skip
-    """One query tile's dV += Pᵀ dO and dK += dSᵀ Q (unscaled) from ring slot ``i % STAGES``;
-    ``MASKED``: the causal mask, for the tiles where some query precedes some of these keys.
-    ``FUSED_DQ``: dS into ``ds_bufs`` too, and on the tiles this warpgroup ``W`` owns the tile's dQ,
-    scale · dS K over both warpgroups' keys, added into the fp32 dQ of ``dq_desc`` by a TMA
-    reduction from a ring of staging tiles ``dq_smem``."""
+def _tile_products(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, dk, dv, qk_scale,
+                   MASKED: gl.constexpr):  # fmt: skip
+    """A query tile's products up to dK, from ring slot ``i % STAGES`` once it has landed: Sᵀ and
+    dPᵀ, Pᵀ (``MASKED``: the causal mask, for the tiles where some query precedes some of these
+    keys), dV += Pᵀ dO issued while dPᵀ runs, dSᵀ, then dK += dSᵀ Q (unscaled). Returns the dV and
+    dK products in flight, their register operands, and dSᵀ."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
@@ -135,45 +133,26 @@ def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, rea
     ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
     ds_a = gl.convert_layout(ds_t, a_layout)
     dk_tok = warpgroup_mma(ds_a, q_tile, dk, is_async=True)
-    if FUSED_DQ:
-        # Tile i's dQ is warpgroup (i % 2)'s: it waits for the other's dS (ds_ready), adds both
-        # halves' products into one accumulator and reduces once, so a query tile's dQ crosses L2
-        # once a program instead of once a warpgroup.
-        par = i % 2
-        use = i // 2
-        if par == W:
-            own = ds_bufs.index(3 * W)  # (W, W)
-            own.store(ds_t)
-            fence_async_shared()
-            mbarrier.wait(ds_ready.index(1 - W), use & 1)
-            dq_tok = warpgroup_mma(
-                own.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, mma_layout(HEAD_DIM)),
-                use_acc=False, is_async=True,
-            )  # fmt: skip
-            other = ds_bufs.index(2 - W)  # (1 - W, W)
-            dq_tok = warpgroup_mma(other.permute((1, 0)), k_other, dq_tok, is_async=True)
-            dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
-            mbarrier.arrive(ds_free.index(1 - W), count=1)
-            mbarrier.arrive(empty_bars.index(slot), count=1)
-            DQ_STAGES: gl.constexpr = dq_smem.shape[0]
-            tma.store_wait(DQ_STAGES - 1)  # the reduction that last read this staging tile is done
-            staged = dq_smem.index(use % DQ_STAGES)
-            staged.reshape([BLOCK_M, HEAD_DIM]).store(dq * scale)
-            fence_async_shared()
-            _tma_reduce_add(dq_desc, [b, h, j * BLOCK_M, 0], staged)
-        else:
-            given = ds_bufs.index(1 + W)  # (W, 1-W)
-            mbarrier.wait(ds_free.index(W), (use + 1) & 1, pred=use >= 1)  # its last reader is done
-            given.store(ds_t)
-            fence_async_shared()
-            gl.thread_barrier()  # every thread's dS is in shared memory before the one arrival
-            mbarrier.arrive(ds_ready.index(W), count=1)
-            dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
-            mbarrier.arrive(empty_bars.index(slot), count=1)
-    else:
-        dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
-        mbarrier.arrive(empty_bars.index(slot), count=1)
-    return dk, dv
+    return dv_tok, dk_tok, p_a, ds_a, ds_t
+
+
+@gluon.jit
+def _give_ds(ds_t, i, ds_bufs, ds_ready, ds_free, W: gl.constexpr):
+    """Stores warpgroup ``W``'s dSᵀ of ring tile ``i``, a tile the other warpgroup owns, into the slot
+    it gives (``(W, 1 - W)``) once the other has read the last one there, and signals ``ds_ready``."""
+    use = i // 2
+    mbarrier.wait(ds_free.index(W), (use + 1) & 1, pred=use >= 1)  # its last reader is done
+    ds_bufs.index(1 + W).store(ds_t)
+    fence_async_shared()
+    gl.thread_barrier()  # every thread's dS is in shared memory before the one arrival
+    mbarrier.arrive(ds_ready.index(W), count=1)
+
+
+@gluon.jit
+def _keep_ds(ds_t, ds_bufs, W: gl.constexpr):
+    """Stores warpgroup ``W``'s dSᵀ of a tile it owns into its own slot ``(W, W)``, for its dQ."""
+    ds_bufs.index(3 * W).store(ds_t)
+    fence_async_shared()
 
 
 @gluon.jit
@@ -204,6 +183,35 @@ def _reduce_dq(dq, i, j, ds_free, dq_smem, dq_desc, b, h, scale, W: gl.constexpr
 
 
 @gluon.jit
+def _dkdv_tile(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, dk, dv, qk_scale,
+               k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h, scale, MASKED: gl.constexpr,
+               FUSED_DQ: gl.constexpr, W: gl.constexpr):  # fmt: skip
+    """One query tile's dV += Pᵀ dO and dK += dSᵀ Q (unscaled) from ring slot ``i % STAGES``
+    (``_tile_products``). ``FUSED_DQ``: dS into ``ds_bufs`` too, and on the tiles this warpgroup
+    ``W`` owns (i % 2 == W) the tile's dQ, scale · dS K over both warpgroups' keys, once the other's
+    dS has landed, added into the fp32 dQ of ``dq_desc`` by one TMA reduction from a ring of
+    staging tiles ``dq_smem``: a query tile's dQ crosses L2 once a program, not once a warpgroup."""
+    slot = i % q_bufs.shape[0]
+    dv_tok, dk_tok, p_a, ds_a, ds_t = _tile_products(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                                                     ready_bars, dk, dv, qk_scale, MASKED)  # fmt: skip
+    if FUSED_DQ:
+        if i % 2 == W:
+            _keep_ds(ds_t, ds_bufs, W)
+            dq_tok = _owned_dq(i, k, k_other, ds_bufs, ds_ready, W)
+            dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
+            mbarrier.arrive(empty_bars.index(slot), count=1)
+            _reduce_dq(dq, i, j, ds_free, dq_smem, dq_desc, b, h, scale, W)
+        else:
+            _give_ds(ds_t, i, ds_bufs, ds_ready, ds_free, W)
+            dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+            mbarrier.arrive(empty_bars.index(slot), count=1)
+    else:
+        dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
+        mbarrier.arrive(empty_bars.index(slot), count=1)
+    return dk, dv
+
+
+@gluon.jit
 def _fused_tile(j, i, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, dk, dv,
                 qk_scale, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b, h, scale, MASKED: gl.constexpr,
                 W: gl.constexpr, OWN: gl.constexpr, PRIOR: gl.constexpr):  # fmt: skip
@@ -212,51 +220,17 @@ def _fused_tile(j, i, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs, delta
     tile, the product issued with the next tile) or the one it gives the other warpgroup. A given
     tile with ``PRIOR`` also issues the previous (owned) tile's dQ beside its dK, a tile after the
     other warpgroup gave its half of dS (no waiting in lockstep), and reduces it at the end."""
-    STAGES: gl.constexpr = q_bufs.shape[0]
-    BLOCK_M: gl.constexpr = q_bufs.shape[3]
-    HEAD_DIM: gl.constexpr = q_bufs.shape[4]
-    KEYS: gl.constexpr = k.shape[0]
-    dtype: gl.constexpr = q_bufs.dtype
-    s_layout: gl.constexpr = mma_layout(BLOCK_M)
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(HEAD_DIM), k_width=2)
-    q_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
-    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
-
-    slot = i % STAGES
-    mbarrier.wait(ready_bars.index(slot), (i // STAGES) & 1)
-    q_tile = q_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    do_tile = do_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    lse2 = lse_bufs.index(slot).load(q_cols)
-    delta = delta_bufs.index(slot).load(q_cols)
-    st_tok = warpgroup_mma(k, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    dpt_tok = warpgroup_mma(v, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s_t = warpgroup_mma_wait(1, deps=[st_tok])
-    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-    if MASKED:
-        rows = j * BLOCK_M + gl.arange(0, BLOCK_M, layout=q_cols)
-        keys = key_start + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
-        p_t = gl.where(rows[None, :] >= keys[:, None], p_t, 0.0)
-    p_a = gl.convert_layout(p_t.to(dtype), a_layout)
-    dv_tok = warpgroup_mma(p_a, do_tile, dv, is_async=True)
-    dp_t = warpgroup_mma_wait(1, deps=[dpt_tok])
-    ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
-    ds_a = gl.convert_layout(ds_t, a_layout)
-    dk_tok = warpgroup_mma(ds_a, q_tile, dk, is_async=True)
+    slot = i % q_bufs.shape[0]
+    dv_tok, dk_tok, p_a, ds_a, ds_t = _tile_products(j, i, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                                                     ready_bars, dk, dv, qk_scale, MASKED)  # fmt: skip
     if PRIOR:
         dq_tok = _owned_dq(i - 1, k, k_other, ds_bufs, ds_ready, W)
     if OWN:
-        ds_bufs.index(3 * W).store(ds_t)  # (W, W): read by this warpgroup's product with the next tile
-        fence_async_shared()
+        _keep_ds(ds_t, ds_bufs, W)  # read by this warpgroup's product with the next tile
         dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_a, ds_a])
         mbarrier.arrive(empty_bars.index(slot), count=1)
     else:
-        given = ds_bufs.index(1 + W)  # (W, 1 - W)
-        use = i // 2
-        mbarrier.wait(ds_free.index(W), (use + 1) & 1, pred=use >= 1)  # its last reader is done
-        given.store(ds_t)
-        fence_async_shared()
-        gl.thread_barrier()  # every thread's dS is in shared memory before the one arrival
-        mbarrier.arrive(ds_ready.index(W), count=1)
+        _give_ds(ds_t, i, ds_bufs, ds_ready, ds_free, W)
         if PRIOR:
             dv, dk, dq, p_a, ds_a = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_a, ds_a])
             mbarrier.arrive(empty_bars.index(slot), count=1)
