@@ -578,6 +578,16 @@ def flash_forward(
     return o, lse
 
 
+def _gluon_dkdv(q, k, v, lse, grad_o, delta, sm_scale: float, is_causal: bool, dq_sum=None):
+    """dK and dV from ``backward_hopper``'s kernel, the (B, N, D) inputs seen as one head; with
+    ``dq_sum`` (B, 1, Nq, D) float32 zeros, dQ is added into it too (the fused backward)."""
+    batch, n_k, head_dim = k.shape
+    grads = torch.empty((2, batch, 1, n_k, head_dim), dtype=k.dtype, device=k.device)
+    heads = (t.unsqueeze(1) for t in (q, k, v, lse, grad_o, delta))
+    backward_hopper.dkdv(*heads, grads, sm_scale, causal=is_causal, dq=dq_sum)
+    return grads[0, :, 0], grads[1, :, 0]
+
+
 def flash_backward(
     q, k, v, o, lse, grad_o, is_causal: bool, dq_config: TileConfig | None = None,
     dkdv_config: TileConfig | None = None, impl: str = "auto", deterministic: bool = False,
@@ -600,11 +610,9 @@ def flash_backward(
     gluon = _uses_gluon(q, k, v, "triton" if dkdv_config is not None and impl == "auto" else impl)
     gluon = gluon and head_dim in backward_hopper.CONFIGS and tma_ok(grad_o)
     if gluon and head_dim in backward_hopper.FUSED_CONFIGS and not deterministic and dq_config is None:
-        grads = torch.empty((2, batch, 1, n_k, head_dim), dtype=k.dtype, device=k.device)
         dq_sum = torch.zeros((batch, 1, n_q, head_dim), dtype=torch.float32, device=q.device)
-        heads = (t.unsqueeze(1) for t in (q, k, v, lse, grad_o, delta))
-        backward_hopper.dkdv(*heads, grads, sm_scale, causal=is_causal, dq=dq_sum)
-        return dq_sum[:, 0].to(q.dtype), grads[0, :, 0], grads[1, :, 0]
+        dk, dv = _gluon_dkdv(q, k, v, lse, grad_o, delta, sm_scale, is_causal, dq_sum)
+        return dq_sum[:, 0].to(q.dtype), dk, dv
     dq_cfg = dq_config or tile_config("dq", q.dtype, head_dim, is_causal, q.device)
     dq = torch.empty_like(q)
     common_args = (
@@ -625,10 +633,7 @@ def flash_backward(
         num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
     )  # fmt: skip
     if gluon:
-        grads = torch.empty((2, batch, 1, n_k, head_dim), dtype=k.dtype, device=k.device)
-        heads = (t.unsqueeze(1) for t in (q, k, v, lse, grad_o, delta))
-        backward_hopper.dkdv(*heads, grads, sm_scale, causal=is_causal)
-        dk, dv = grads[0, :, 0], grads[1, :, 0]
+        dk, dv = _gluon_dkdv(q, k, v, lse, grad_o, delta, sm_scale, is_causal)
     else:
         # (looked up only here: the Gluon path has no use for the Triton kernel's tiles)
         dkdv_cfg = dkdv_config or tile_config("dkdv", q.dtype, head_dim, is_causal, q.device)
