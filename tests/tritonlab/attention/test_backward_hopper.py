@@ -9,9 +9,11 @@ import torch
 
 from tritonlab._runtime import kernel_device_type
 from tritonlab.attention import attention, fused_attention
+from tritonlab.attention._common import backward_delta
 from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, dkdv, launch_config
 from tritonlab.attention.flash2 import flash_forward
 from tritonlab.attention.forward import GLUON_FROM_LK
+from tritonlab.attention.reference import reference_attention
 from tritonlab.testing import model_qkv, rel_err, run_without_interpreter, triton_tools_missing
 from tritonlab.tuning import HOPPER_SHARED_MEMORY, ConfigRecord
 
@@ -116,12 +118,9 @@ def test_deferred_dq_matches_float64(BH, Lq, Lk, causal):
     D = 64
     q, k, v, do = (torch.randn(BH, n, D, device="cuda", dtype=torch.bfloat16) for n in (Lq, Lk, Lk, Lq))
     ref = [t.double().requires_grad_() for t in (q, k, v)]
-    s = ref[0] @ ref[1].transpose(-1, -2) * D**-0.5
-    if causal:  # top-left aligned, as flash2 takes it
-        s = s.masked_fill(~torch.ones(Lq, Lk, dtype=torch.bool, device="cuda").tril(), float("-inf"))
-    (torch.softmax(s, -1).nan_to_num() @ ref[2]).backward(do.double())
+    reference_attention(*ref, is_causal=causal)[0].backward(do.double())  # top-left aligned, as flash2's
     o, lse = flash_forward(q, k, v, causal)
-    delta = (o.float() * do.float()).sum(-1)
+    delta = backward_delta(o, do)
     grads = torch.empty((2, BH, 1, Lk, D), dtype=torch.bfloat16, device="cuda")
     dq = torch.zeros((BH, 1, Lq, D), dtype=torch.float32, device="cuda")
     heads = (t.unsqueeze(1) for t in (q, k, v, lse, do, delta))
