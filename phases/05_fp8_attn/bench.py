@@ -32,12 +32,18 @@ from common.attention_bench import (
 )
 from common.memory import measure_peak_memory
 from common.runner import Cell, check_close, timed
-from tritonlab.attention import attention, attention_forward, fp8_attention, fp8_attention_forward
+from tritonlab.attention import (
+    attention,
+    attention_forward,
+    fp8_attention,
+    fp8_attention_forward,
+    fused_attention,
+)
 from tritonlab.attention import fp8 as fp8_kernels
 from tritonlab.testing import DTYPES, rel_err
 from tritonlab.tuning import ConfigRecord
 
-from .report import FP8, OURS_BF16
+from .report import FP8, FP8_TRITON, OURS_BF16, OURS_BF16_FUSED
 
 MODES = ("fwd", "fwd+bwd")
 GRADS = ("dq", "dk", "dv")
@@ -55,9 +61,13 @@ def variants(mode: str) -> dict:
     backward = mode == "fwd+bwd"
     if ON_GPU:
         fp8 = partial(fp8_attention if backward else fp8_attention_forward, force_fp8=True)
-    else:
-        fp8 = partial(_interpreted_fp8, backward=backward)
-    return {FP8: fp8, OURS_BF16[mode]: attention if backward else attention_forward, **sdpa_variants()}
+        ours = {FP8: fp8, FP8_TRITON: partial(fp8, impl="triton")}
+    else:  # one FP8 kernel runs in the interpreter
+        ours = {FP8: partial(_interpreted_fp8, backward=backward)}
+    ours[OURS_BF16[mode]] = attention if backward else attention_forward
+    if backward:
+        ours[OURS_BF16_FUSED] = fused_attention
+    return {**ours, **sdpa_variants()}
 
 
 def cells(cases: list[Case], dtype: str, modes) -> tuple:
@@ -94,7 +104,7 @@ def errors(ours, ref) -> dict:
 
 def check(variant: str, row: dict) -> None:
     """The FP8 variant against fp8.py's bounds; the bf16 ones against phase 02/03's."""
-    if variant == FP8:
+    if variant in (FP8, FP8_TRITON):
         check_close("O against SDPA (relative Frobenius)", row["frob_o"], fp8_kernels.ERROR_BOUND)
         for g in GRADS:
             if f"frob_{g}" in row:

@@ -16,8 +16,10 @@ from common.report import (
 
 PHASE = "05_fp8_attn"
 # The variants' names, which bench.py takes from here: the report renders without the kernels.
-FP8 = "triton-fp8"
+FP8 = "triton-fp8"  # fp8_hopper's Gluon forward on Hopper ("auto")
+FP8_TRITON = "triton-fp8-tl"  # fp8.py's Triton forward (impl="triton"), the kernel before it
 OURS_BF16 = {"fwd": "triton", "fwd+bwd": "triton-2pass"}  # our bf16 attention in each mode
+OURS_BF16_FUSED = "triton-fused"  # fwd+bwd: phase 04's fused backward, the one FP8 runs on Hopper
 # Issue 19: the forward (quantisation included) >= 1.3x the best SDPA backend and >= 1.4x our bf16
 # forward at mid and large; forward + backward >= 1.1x the best SDPA backend there. The goals are set
 # at the TransformerNP's D = 64; the same forward goals are also applied to --head-dim 128's shapes,
@@ -52,7 +54,8 @@ def with_bf16_speedup(df: pd.DataFrame) -> pd.DataFrame:
 def render(df: pd.DataFrame, fig: Figures) -> str:
     text = render_attention(df, fig, title="FP8 attention")
     latest = with_bf16_speedup(with_speedups(select_latest(df, KEYS)))
-    ok = latest.loc[(latest["status"] == "ok") & latest["variant"].isin([FP8, *OURS_BF16.values()])]
+    ours = [FP8, FP8_TRITON, *OURS_BF16.values(), OURS_BF16_FUSED]
+    ok = latest.loc[(latest["status"] == "ok") & latest["variant"].isin(ours)]
     if ok.empty:
         return text
     columns = ["shape", "dtype", "mode", "variant", "ms", "speedup_vs_ours_bf16", "speedup_vs_sdpa_cudnn"]
@@ -62,7 +65,8 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "Both measured in the same run, each against SDPA in the run's dtype (cuDNN): `err_*` max abs, "
         "`relerr_*` max abs over the reference's largest value, `frob_*` relative Frobenius error. "
         "The FP8 row's error minus the bf16 row's is what FP8 costs; the backward of both is bf16 "
-        "(recomputed from the bf16 inputs and each forward's logsumexp).\n",
+        "(recomputed from each forward's logsumexp; FP8's at the quantised inputs, on Hopper with phase "
+        "04's fused backward, `triton-fused`).\n",
         markdown_table(ok.sort_values(["shape", "dtype", "mode", "variant"]), columns),
     ])  # fmt: skip
 

@@ -18,7 +18,9 @@ With ``FUSED_DQ`` (``fused.py``'s fused backward, and flash2's) both warpgroups 
 shared memory, and the tile's dQ = scale · dS K over the program's 128 keys is the work of one of
 them, alternating tile by tile: it waits for the other's dS (an mbarrier), issues the two products
 (dS read transposed from shared memory), and adds the result into a float32 dQ with one TMA
-reduction from a ring of ``DQ_STAGES`` staging tiles. Triton 3.6 builds that operation for Gluon
+reduction from a ring of ``DQ_STAGES`` staging tiles. By default (``DEFER_DQ``) the owner issues
+those products a tile late, with the next tile's dK, so that its wait for the other's dS falls
+behind work of its own (``_fused_tile``). Triton 3.6 builds that operation for Gluon
 (``create_async_tma_reduce``) without exposing it, hence ``_tma_reduce_add``. A reduction a
 warpgroup instead (twice the L2 traffic) measured within 1% at D = 64 and 3% slower at D = 128;
 per-thread fp32 atomics, 9.71 against 7.14 ms forward + backward at mid (phase 04's README).
@@ -421,6 +423,11 @@ CONFIGS = {64: (64, 3, 240), 128: (64, 2, 240)}
 # against 3.514. At D = 128 the fused kernel spills (264 bytes a thread) and loses to the two-pass
 # one (5.565 against 4.995 ms at mid): no entry, callers take the two-pass backward there.
 FUSED_CONFIGS = {64: (64, 2, 240, 2)}
+# Whether the fused backward defers each owned tile's dQ products a tile (``_fused_tile``) unless the
+# caller says otherwise; it builds with 2 ring stages only. Measured on the H100, kernel alone, same
+# gradients (diagnostics/gluon_fused_defer_6b6d01d51f37-h100.txt): 5.000 ms at mid against 5.308
+# immediate, 458.2 at large against 480.4, 3.121 at flash2's causal goal shape against 3.228.
+DEFER_DQ = True
 
 
 _LAUNCHES = LaunchCache(first_launch)
@@ -438,12 +445,25 @@ def launch_config(
     return block_m, stages, regs, staging[0] if dq_stages is None else dq_stages
 
 
+def _deferred(defer: bool | None, stages: int) -> bool:
+    """Whether a fused launch with ``stages`` ring stages defers its dQ: ``defer``, or by default
+    ``DEFER_DQ`` where the ring has 2 stages."""
+    if defer is None:
+        return DEFER_DQ and stages <= 2
+    if defer and stages > 2:
+        raise ValueError(
+            f"config: defer=True builds with 2 ring stages, got {stages} (ptxas of Triton 3.6 crashes at 3)"
+        )
+    return defer
+
+
 def config_string(head_dim: int, fused: bool = False) -> str:
     """The dK/dV launch's config at ``head_dim`` (``fused``: the fused backward's), as rows record it."""
     block_m, stages, regs, dq_stages = launch_config(head_dim, fused)
+    dq = f",dq=tma-reduce,dq_stages={dq_stages}" + (",deferred" if _deferred(None, stages) else "")
     return (
         f"gluon:BLOCK_N={ROWS * WARPGROUPS},BLOCK_M={block_m},stages={stages},regs={regs},"
-        f"warpgroups={WARPGROUPS}+load" + (f",dq=tma-reduce,dq_stages={dq_stages}" if fused else "")
+        f"warpgroups={WARPGROUPS}+load" + (dq if fused else "")
     )
 
 
@@ -460,24 +480,21 @@ def dkdv(
     config: tuple | None = None,
     dq=None,
     dq_stages: int | None = None,
-    defer: bool = False,
+    defer: bool | None = None,
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
     keeps key j for query i when i >= j (top-left aligned). With ``dq``, a zeroed float32
     (B, H, Lq, D) contiguous tensor, dQ is added into it too, by TMA reductions: the fused backward,
     whose dQ sum runs in no fixed order; ``defer``: its dQ products issued a tile late (see
-    ``_fused_tile``; measured faster kernel-alone, not yet the default: its GPU tests at odd tile
-    counts are to run). ``config`` (BLOCK_M, STAGES, REGS) and ``dq_stages`` override ``CONFIGS[D]``,
-    or with ``dq`` ``FUSED_CONFIGS[D]``."""
+    ``_fused_tile``; by default ``DEFER_DQ`` at 2 ring stages, the only count it builds with).
+    ``config`` (BLOCK_M, STAGES, REGS) and ``dq_stages`` override ``CONFIGS[D]``, or with ``dq``
+    ``FUSED_CONFIGS[D]``."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     fused = dq is not None
     block_m, stages, regs, dq_stages = launch_config(D, fused, config, dq_stages)
-    if defer and stages > 2:
-        raise ValueError(
-            f"config: defer=True builds with 2 ring stages, got {stages} (ptxas of Triton 3.6 crashes at 3)"
-        )
+    defer = fused and _deferred(defer, stages)
     launch(
         _LAUNCHES,
         _dkdv_kernel,
@@ -496,10 +513,10 @@ def dkdv(
         {
             "HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
             "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), q.dtype) if fused else None,
-            "DQ_STAGES": dq_stages, "DEFER": fused and defer, "num_warps": 4,
+            "DQ_STAGES": dq_stages, "DEFER": defer, "num_warps": 4,
         },
         key_tensors=(q, k, v, do, grads),
     )  # fmt: skip
 
 
-__all__ = ["CONFIGS", "FUSED_CONFIGS", "config_string", "dkdv", "launch_config"]
+__all__ = ["CONFIGS", "DEFER_DQ", "FUSED_CONFIGS", "config_string", "dkdv", "launch_config"]

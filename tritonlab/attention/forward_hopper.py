@@ -241,7 +241,12 @@ CONFIGS = {64: (128, 3), 128: (64, 3)}
 
 
 def _gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return {
+        torch.bfloat16: gl.bfloat16,
+        torch.float16: gl.float16,
+        torch.float32: gl.float32,
+        torch.float8_e4m3fn: gl.float8e4nv,
+    }[dtype]
 
 
 @functools.cache

@@ -43,11 +43,17 @@ of Q and K, the output that of P and V, and these do not average out (O shrinks 
 its error does). Against a float64 reference, unit-variance inputs give a relative Frobenius error
 of O of 4–6% in the interpreter's exact emulation (phase 02's kernel in fp16: 0.03%), and lse
 within 0.16 (one key, 8 000 rows); the tests hold the kernel to ``ERROR_BOUND`` and
-``LSE_BOUND``. The backward is the bf16 two-pass backward of ``backward.py`` run at the quantised
-inputs q̃, k̃, ṽ (e4m3 times scale, plus V's block means, back in bf16), so that the P it recomputes is the one whose
-scores this forward's lse sums; their gradients pass straight through to q, k, v. dQ, dK, dV are
-then those of the attention the forward computed (within ``STE_BOUND``), off the exact ones by what
-the forward is off (``GRAD_BOUND``).
+``LSE_BOUND``. The backward is a bf16 backward -- on Hopper ``fused.py``'s fused one, elsewhere
+``backward.py``'s two-pass one -- run at the quantised inputs q̃, k̃, ṽ (e4m3 times scale, plus V's
+block means, back in bf16), so that the P it recomputes is the one whose scores this forward's lse
+sums; their gradients pass straight through to q, k, v. dQ, dK, dV are then those of the attention
+the forward computed (within ``STE_BOUND``), off the exact ones by what the forward is off
+(``GRAD_BOUND``).
+
+**Two forward kernels.** On Hopper the forward runs ``fp8_hopper``'s Gluon kernel (warp-specialised
+like ``forward_hopper``'s bf16 one; Q quantised per warpgroup of 64 rows, the same arithmetic);
+elsewhere, and with ``impl="triton"``, this module's Triton kernel below (Q per program of BLOCK_M
+rows). The backward's q̃ takes the block of the kernel that ran.
 
 **Where it runs.** FP8 needs compute capability ≥ 8.9 (``supports_fp8``). Elsewhere -- an A100, the
 CPU -- ``fp8_attention`` and ``fp8_attention_forward`` run the bf16 kernels of ``forward.py`` and
@@ -71,6 +77,7 @@ from .._runtime import INTERPRET, cdiv, next_power_of_2
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures
 from ..tuning_tables import autotune
+from . import fp8_hopper
 from ._common import (  # much the same list as backward.py's: a declaration, not logic
     LOG2E,
     check_qkv,
@@ -84,8 +91,10 @@ from ._common import (  # much the same list as backward.py's: a declaration, no
     tuning_bench,
 )
 from .backward import _two_pass_backward
+from .backward import _uses_gluon as _backward_uses_gluon
 from .backward import attention as _bf16_attention
 from .forward import _checked_forward, _forward_outputs
+from .fused import _fused_backward
 
 logger = logging.getLogger("tritonlab")
 
@@ -433,14 +442,38 @@ def _tune(tensors: tuple, shape_args: tuple) -> tuple:
 _LAUNCHES = LaunchCache(_tune)
 
 
-def _fp8_forward_tiled(q, k, v, scale: float, record: ConfigRecord | None = None):
+IMPLS = ("auto", "gluon", "triton")
+
+
+def _uses_gluon(q, impl: str) -> bool:
+    """Whether the forward runs ``fp8_hopper``'s Gluon kernel: under "auto" wherever it can, under
+    "gluon" or a ``ValueError`` saying what it needs; "triton" keeps this module's kernel."""
+    if impl == "triton":
+        return False
+    reason = (
+        "a GPU (Gluon kernels do not run in Triton's interpreter)"
+        if INTERPRET
+        else fp8_hopper.unsupported_reason(q)
+    )
+    if impl == "gluon" and reason is not None:
+        raise ValueError(f"impl: 'gluon' needs {reason}")
+    return reason is None
+
+
+def _fp8_forward_tiled(q, k, v, scale: float, record: ConfigRecord | None = None, impl: str = "auto"):
     """(o, lse, BLOCK_M) from the FP8 kernels, for checked inputs: the quantisation launch, then the
-    forward; BLOCK_M is the launch's query rows per program, which share one Q scale. On a GPU with
-    FP8, or in Triton's interpreter (exact rounding, one fixed config)."""
+    forward (``impl``: ``_uses_gluon``); BLOCK_M is the query rows that share one Q scale. On a GPU
+    with FP8, or in Triton's interpreter (exact rounding, one fixed config)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
+    gluon = _uses_gluon(q, impl)
     k8, k_scales, v8t, v_scales, v_means = _quantize_kv(k, v)
     o, lse = _forward_outputs(q)
+    if gluon:
+        fp8_hopper.forward(q, k8, k_scales, v8t, v_scales, v_means, o, lse, scale * LOG2E, KV_BLOCK, Lk)
+        if record is not None:
+            record.note("forward", fp8_hopper.config_string(D))
+        return o, lse, fp8_hopper.ROWS_PER_WARPGROUP
     tensors = (q, k8, v8t, k_scales, v_scales, v_means, o, lse, scale * LOG2E)
     shape_args = _shape_args(q, o, Lk, k8.shape[1], k_scales.shape[1])
     use_descriptor_scratch()
@@ -458,9 +491,9 @@ def _fp8_forward_tiled(q, k, v, scale: float, record: ConfigRecord | None = None
     return o, lse, (config.kwargs if config is not None else _INTERPRETER_CONFIG)["BLOCK_M"]
 
 
-def _fp8_forward(q, k, v, scale: float, record: ConfigRecord | None = None):
+def _fp8_forward(q, k, v, scale: float, record: ConfigRecord | None = None, impl: str = "auto"):
     """(o, lse) of ``_fp8_forward_tiled``."""
-    o, lse, _ = _fp8_forward_tiled(q, k, v, scale, record)
+    o, lse, _ = _fp8_forward_tiled(q, k, v, scale, record, impl)
     return o, lse
 
 
@@ -480,9 +513,9 @@ class _FP8AttentionFunction(torch.autograd.Function):
     H100 a 300-step training run's loss jumped at step 200 and did not recover)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, record):
+    def forward(ctx, q, k, v, scale, record, impl="auto"):
         ctx.scale, ctx.record = scale, record
-        o, lse, ctx.block_m = _fp8_forward_tiled(q, k, v, scale, record)
+        o, lse, ctx.block_m = _fp8_forward_tiled(q, k, v, scale, record, impl)
         ctx.save_for_backward(q, k, v, o, lse)
         return o
 
@@ -490,8 +523,11 @@ class _FP8AttentionFunction(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         qd, kd, vd = _dequantized(q, k, v, ctx.block_m)
-        dq, dkv = _two_pass_backward(qd, kd, vd, o, lse, do, ctx.scale, ctx.record)
-        return dq, dkv[0], dkv[1], None, None
+        # Where the Gluon kernels run, phase 04's fused backward (faster than the two-pass one there).
+        gluon = not INTERPRET and _backward_uses_gluon(qd, kd, vd, do)
+        backward = _fused_backward if gluon else _two_pass_backward
+        dq, dkv = backward(qd, kd, vd, o, lse, do, ctx.scale, ctx.record)
+        return dq, dkv[0], dkv[1], None, None, None
 
 
 # --- the public functions ------------------------------------------------------------------------
@@ -512,9 +548,11 @@ def _warn_fallback(where: str) -> None:
     logger.warning("fp8 attention: no FP8 on %s; running the bf16 attention kernels instead", where)
 
 
-def _fp8_or_fallback(q, k, v, scale, force_fp8: bool) -> tuple[float, bool]:
+def _fp8_or_fallback(q, k, v, scale, force_fp8: bool, impl: str) -> tuple[float, bool]:
     """Check the inputs; (the softmax scale, whether the FP8 kernels run)."""
     check_qkv(q, k, v, ndim=4, dtypes=FP8_INPUT_DTYPES, head_dims=FP8_HEAD_DIMS)
+    if impl not in IMPLS:
+        raise ValueError(f"impl: unknown {impl!r}; expected one of {IMPLS}")
     scale = softmax_scale(q.shape[-1], scale)
     if supports_fp8(q.device):
         return scale, True
@@ -522,8 +560,9 @@ def _fp8_or_fallback(q, k, v, scale, force_fp8: bool) -> tuple[float, bool]:
         where = "the CPU (Triton's interpreter)"
     else:
         where = f"{torch.cuda.get_device_name(q.device)} (compute capability {torch.cuda.get_device_capability(q.device)})"
-    if force_fp8:
-        raise ValueError(f"force_fp8: FP8 attention needs compute capability >= 8.9, and this is {where}")
+    if force_fp8 or impl == "gluon":
+        argument = "force_fp8" if force_fp8 else "impl"
+        raise ValueError(f"{argument}: FP8 attention needs compute capability >= 8.9, and this is {where}")
     _warn_fallback(where)
     return scale, False
 
@@ -536,6 +575,7 @@ def fp8_attention_forward(
     scale: float | None = None,
     *,
     force_fp8: bool = False,
+    impl: str = "auto",
     record: ConfigRecord | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(scale · q kᵀ) v computed in e4m3 with per-block scales, and the natural-log
@@ -545,16 +585,19 @@ def fp8_attention_forward(
     Returns ``o`` (B, H, Lq, D) in q's dtype, a view of a (B, Lq, H, D) buffer, and ``lse`` float32
     (B, H, Lq). The quantisation of q, k, v is part of the call. Without FP8 (``supports_fp8``) the
     bf16 kernels run instead, with one warning; ``force_fp8=True`` raises a ``ValueError`` there.
-    ``record`` receives the config of the forward's launch, as "forward".
+    ``impl``: "auto" runs the Gluon kernel (``fp8_hopper``) on Hopper where q's strides allow it and
+    this module's Triton kernel elsewhere; "gluon" asks for the first (a ``ValueError`` where it
+    cannot run), "triton" for the second. ``record`` receives the config of the forward's launch,
+    as "forward".
 
     Speed (H100, D = 64, phase 05): 0.97-1.05x the bf16 ``attention_forward`` at 10 000-200 000
     keys, where the softmax rather than the products bounds both; 0.5x at 64 keys, where the
     separate K/V quantisation launch costs as much as the forward. At D = 64 it buys no time;
     at D = 128, 1.16-1.23x.
     """
-    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8)
+    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8, impl)
     if use_fp8:
-        return _fp8_forward(q, k, v, scale, record)
+        return _fp8_forward(q, k, v, scale, record, impl)
     return _checked_forward(q, k, v, scale, record=record)
 
 
@@ -566,16 +609,19 @@ def fp8_attention(
     scale: float | None = None,
     *,
     force_fp8: bool = False,
+    impl: str = "auto",
     record: ConfigRecord | None = None,
 ) -> torch.Tensor:
-    """Differentiable ``fp8_attention_forward``: the FP8 forward, then the bf16 two-pass backward of
-    ``attention`` (dQ, dK, dV in the inputs' dtype, in the layout of the model's projections). Inputs,
-    fallback and ``force_fp8`` as ``fp8_attention_forward``'s; ``record`` receives the configs of
-    the forward and the backward ("forward", "dkdv", "dq"). Eager only: not a torch.compile custom op.
+    """Differentiable ``fp8_attention_forward``: the FP8 forward, then a bf16 backward at the
+    quantised inputs (dQ, dK, dV in the inputs' dtype, in the layout of the model's projections):
+    where the Gluon kernels run, ``fused_attention``'s fused backward (dQ summed by TMA reductions
+    in no fixed order), elsewhere ``attention``'s two-pass one. Inputs, fallback, ``force_fp8`` and
+    ``impl`` as ``fp8_attention_forward``'s; ``record`` receives the configs of the forward and the
+    backward ("forward", and "fused" or "dkdv" and "dq"). Eager only: not a torch.compile custom op.
     """
-    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8)
+    scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8, impl)
     if use_fp8:
-        return _FP8AttentionFunction.apply(q, k, v, scale, record)
+        return _FP8AttentionFunction.apply(q, k, v, scale, record, impl)
     return _bf16_attention(q, k, v, scale, record=record)
 
 

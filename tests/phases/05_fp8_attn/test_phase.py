@@ -54,7 +54,8 @@ def test_tiny_run_checks_and_times_the_fp8_kernels_with_their_errors(tmp_path, c
     assert "running on the CPU with TRITON_INTERPRET=1" in capsys.readouterr().out
     rows = pd.concat(pd.read_csv(p) for p in (tmp_path / "data" / "05_fp8_attn").glob("*.csv"))
     assert (rows["status"] == "ok").all(), rows[["variant", "error"]]
-    assert set(rows["variant"]) == {"triton-fp8", "triton-2pass"} and set(rows["mode"]) == {"fwd+bwd"}
+    assert set(rows["variant"]) == {"triton-fp8", "triton-2pass", "triton-fused"}
+    assert set(rows["mode"]) == {"fwd+bwd"}
     fp8, bf16 = (rows.loc[rows["variant"] == v].iloc[0] for v in ("triton-fp8", "triton-2pass"))
     for name in ("o", "dq", "dk", "dv"):
         assert 0 < bf16[f"frob_{name}"] < fp8[f"frob_{name}"] < 0.08, (

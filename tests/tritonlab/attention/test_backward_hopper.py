@@ -10,7 +10,15 @@ import torch
 from tritonlab._runtime import kernel_device_type
 from tritonlab.attention import attention, fused_attention
 from tritonlab.attention._common import backward_delta
-from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, dkdv, launch_config
+from tritonlab.attention.backward_hopper import (
+    CONFIGS,
+    DEFER_DQ,
+    FUSED_CONFIGS,
+    _deferred,
+    config_string,
+    dkdv,
+    launch_config,
+)
 from tritonlab.attention.flash2 import flash_forward
 from tritonlab.attention.forward import GLUON_FROM_LK
 from tritonlab.attention.reference import reference_attention
@@ -128,6 +136,16 @@ def test_deferred_dq_matches_float64(BH, Lq, Lk, causal):
     for name, got, want in zip("qkv", (dq[:, 0], grads[0, :, 0], grads[1, :, 0]), ref, strict=True):
         assert torch.isfinite(got).all(), name
         assert rel_err(got, want.grad) < 1e-2, name
+
+
+def test_the_fused_launch_defers_by_default_where_it_builds():
+    """DEFER_DQ holds at 2 ring stages (FUSED_CONFIGS'), and a 3-stage override falls back to the
+    immediate dQ rather than raising; only an explicit defer=True there is refused."""
+    assert _deferred(None, 2) is DEFER_DQ
+    assert _deferred(None, 3) is False
+    assert _deferred(False, 2) is False
+    assert "deferred" in config_string(64, fused=True)
+    assert all(stages == 2 for _, stages, *_ in FUSED_CONFIGS.values())
 
 
 def test_defer_refuses_three_ring_stages():

@@ -33,21 +33,22 @@ from tritonlab.testing import (
     run_without_interpreter,
     triton_tools_missing,
 )
+from tritonlab.tuning import ConfigRecord
 
 DEVICE = kernel_device_type()
 GPU = DEVICE == "cuda"
 
 
-def fp8_forward(q, k, v, scale=None):
+def fp8_forward(q, k, v, scale=None, impl="auto"):
     """The FP8 kernels themselves: through the public function on an FP8 GPU, directly elsewhere."""
     if GPU:
-        return fp8_attention_forward(q, k, v, scale, force_fp8=True)
+        return fp8_attention_forward(q, k, v, scale, force_fp8=True, impl=impl)
     return fp8_module._fp8_forward(q, k, v, fp8_module.softmax_scale(q.shape[-1], scale))
 
 
-def check_forward(q, k, v, o_bound=ERROR_BOUND, lse_bound=LSE_BOUND):
+def check_forward(q, k, v, o_bound=ERROR_BOUND, lse_bound=LSE_BOUND, impl="auto"):
     with poisoned_empty():
-        o, lse = fp8_forward(q, k, v)
+        o, lse = fp8_forward(q, k, v, impl=impl)
     o_ref, lse_ref = reference_attention(q, k, v)
     B, H, Lq, _ = q.shape
     assert (
@@ -355,6 +356,16 @@ def test_v_riding_on_a_common_offset_keeps_its_gradients():
 # --- where FP8 runs, and what happens elsewhere ------------------------------------------------------
 
 
+@pytest.mark.parametrize("fn", [fp8_attention, fp8_attention_forward])
+def test_an_unknown_impl_or_gluon_where_it_cannot_run_is_a_value_error(fn):
+    q, k, v = model_qkv(1, 2, 9, 13, 64, torch.float16)
+    with pytest.raises(ValueError, match="impl: unknown 'cuda'"):
+        fn(q, k, v, impl="cuda")
+    if not (GPU and torch.cuda.get_device_capability()[0] == 9):
+        with pytest.raises(ValueError, match="impl: .*(compute capability|Hopper)"):
+            fn(q, k, v, impl="gluon")
+
+
 @pytest.mark.skipif(GPU, reason="the CPU's fallback")
 def test_without_fp8_the_public_functions_run_bf16_and_say_so_once(caplog):
     assert not supports_fp8()
@@ -501,7 +512,59 @@ def test_every_config_of_the_space_builds_for_sm90_without_spills():
     assert_fp8_build(compile_for_sm90(configs), configs)
 
 
+_GLUON_BUILD = r"""
+import json, re
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+from tritonlab.attention.fp8 import KV_BLOCK
+from tritonlab.attention.fp8_hopper import CONFIGS, ROWS_PER_WARPGROUP, _descriptor3, _fp8_attn_fwd_hopper_kernel
+from tritonlab.attention.forward_hopper import descriptor, shared_layout
+from tritonlab.tuning import ptxas_report
+
+results = {}
+for d, (block_n, stages, prefetch) in CONFIGS.items():
+    fp8 = torch.float8_e4m3fn
+    descriptors = (descriptor(torch.empty(1, 1, 256, d, dtype=torch.bfloat16), ROWS_PER_WARPGROUP),
+                   _descriptor3(torch.empty(1, 256, d, dtype=fp8), (1, block_n, d)),
+                   _descriptor3(torch.empty(1, d, 256, dtype=fp8), (1, d, block_n)))
+    sig = {"q_desc": mangle_type(descriptors[0]), "k_desc": mangle_type(descriptors[1]),
+           "vt_desc": mangle_type(descriptors[2]), "KS": "*fp32", "VS": "*fp32", "VM": "*fp32", "O": "*bf16",
+           "LSE": "*fp32", "qk_scale": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_ol": "i32",
+           "H": "i32", "Lq": "i32", "Lk": "i32", "n_blocks": "i32"}
+    consts = {"HEAD_DIM": d, "BLOCK_N": block_n, "STAGES": stages, "PREFETCH": prefetch, "KV_BLOCK": KV_BLOCK,
+              "Q8_LAYOUT": shared_layout((ROWS_PER_WARPGROUP, d), fp8),
+              "P8_LAYOUT": shared_layout((ROWS_PER_WARPGROUP, block_n), fp8)}
+    sig.update({c: "constexpr" for c in consts})
+    out = triton.compile(GluonASTSource(_fp8_attn_fwd_hopper_kernel, sig, consts),
+                         target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = out.asm["ptx"]
+    results[d] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps, **ptxas_report(ptx, "sm_90a"),
+                  "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\S*", ptx))),
+                  "satfinite": "cvt.rn.satfinite.e4m3x2.f32" in ptx}
+print(json.dumps(results))
+"""
+
+
+@needs_ptxas
+def test_the_gluon_forward_builds_for_sm90a_warp_specialised_with_e4m3_products():
+    from tritonlab.tuning import HOPPER_SHARED_MEMORY
+
+    results = json.loads(run_without_interpreter(_GLUON_BUILD).stdout.strip().splitlines()[-1])
+    assert set(results) == {"64", "128"}
+    for d, r in results.items():
+        assert r["warps"] == 16, (d, r)  # three softmax warpgroups and a load warp, padded
+        assert r["shared"] <= HOPPER_SHARED_MEMORY, (d, r)
+        assert r["wgmma"] and all(w.endswith("e4m3.e4m3") for w in r["wgmma"]), (d, r)
+        assert r["satfinite"], (d, r)
+        # Measured: 8 bytes a thread at both head dims (fp8_hopper.CONFIGS), outside the main loops.
+        assert r["spill_stores"] <= 8 and r["spill_loads"] <= 8, (d, r)
+
+
 # --- on an FP8 GPU --------------------------------------------------------------------------------
+
+HOPPER = GPU and torch.cuda.get_device_capability()[0] == 9
 
 
 @pytest.mark.gpu
@@ -513,10 +576,32 @@ def test_gpu_supports_fp8_on_hopper():
 @pytest.mark.parametrize("Lq", [1, 17, 100, 257, 1000])
 @pytest.mark.parametrize("Lk", [1, 17, 100, 257, 1000])
 @pytest.mark.parametrize("D", [64, 128])
-def test_gpu_forward_matches_float64_on_odd_shapes(Lq, Lk, D):
+@pytest.mark.parametrize("impl", ["auto", "triton"])
+def test_gpu_forward_matches_float64_on_odd_shapes(Lq, Lk, D, impl):
     if not supports_fp8():
         pytest.skip("no FP8 on this GPU")
-    check_forward(*model_qkv(2, 3, Lq, Lk, D))
+    check_forward(*model_qkv(2, 3, Lq, Lk, D), impl=impl)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_gluon_forward_is_the_stated_fp8_arithmetic_with_scales_varying_per_block(D):
+    # As the interpreter's test above, for fp8_hopper's kernel: Q per warpgroup of 64 rows, its tiles.
+    from tritonlab.attention import fp8_hopper
+
+    B, H, Lq, Lk = 1, 2, 200, 300
+    q, k, v = (t.contiguous() for t in model_qkv(B, H, Lq, Lk, D))
+    k = k * torch.logspace(-1, 1, Lk, device=DEVICE)[:, None].to(k.dtype)
+    v = v * torch.logspace(-3, 3, Lk, device=DEVICE)[:, None].to(v.dtype)
+    record = ConfigRecord()
+    o, lse = fp8_attention_forward(q, k, v, force_fp8=True, impl="gluon", record=record)
+    assert record.picked["forward"] == fp8_hopper.config_string(D)
+    o_emulated, lse_emulated = emulated_fp8_attention(
+        q.cpu(), k.cpu(), v.cpu(), fp8_hopper.ROWS_PER_WARPGROUP, fp8_hopper.CONFIGS[D][0]
+    )
+    assert rel_err(o.cpu(), o_emulated) < 1e-2
+    assert (lse.double().cpu() - lse_emulated).abs().max().item() < 1e-4
 
 
 @pytest.mark.gpu

@@ -1,0 +1,325 @@
+"""The FP8 (e4m3) attention forward on Hopper in Gluon: ``forward_hopper``'s warp-specialised kernel
+with e4m3 products and per-block scales.
+
+    o = softmax(scale · q kᵀ) v,   lse = logsumexp(scale · q kᵀ)   (natural log, per query row)
+
+The arithmetic is ``fp8.py``'s (its module docstring states it in full): K and V arrive quantised
+per block of ``KV_BLOCK`` keys by ``fp8._quantize_kv`` (K8 (B·H, Lk', D), V8ᵀ (B·H, D, Lk') less the
+block's per-channel means, fp32 scales), Q is quantised per block of 64 query rows, S = s_q · s_k ·
+Q8 K8ᵀ, P = exp2(S' − m) is multiplied as e4m3(448 · P) with V8, the block means come back as
+rowsum(P) · μ, and the accumulator is kept in units of the current tile's V scale.
+
+The schedule is ``forward_hopper``'s: a program owns 3 x 64 query rows; one load warp copies the
+bf16 Q tiles once and K8, V8ᵀ tiles into a STAGES-deep ring (TMA); each softmax warpgroup issues
+S_j = Q8 K8_jᵀ and O += P8_{j-1} V8_{j-1} asynchronously and waits for S_j alone. What is new:
+
+- **Q quantised in the warpgroup.** A warpgroup reads its bf16 Q tile from shared memory once,
+  takes its amax, and writes e4m3(Q / s_q) to a shared tile of its own that the S products read: the
+  quantisation costs one pass over 64 x D values per program, no launch, no global memory.
+- **Both products in e4m3.** Hopper's fp8 ``wgmma`` takes its B operand K-major from shared memory:
+  K8's rows (D contiguous) for S, V8ᵀ's rows (keys contiguous) for P V; P8 is the A operand, in
+  registers, converted from the accumulator layout of S.
+- **Scales off the critical path.** A tile's K scale, V scale and V means are read from global
+  memory (L2) a tile ahead (``PREFETCH``) or right after its S product is issued, so that their
+  latency overlaps the products'.
+
+Hopper only (sm_90), D in 64 or 128, q TMA-addressable (``unsupported_reason``); no causal mask.
+Gluon kernels do not run in Triton's interpreter: ``fp8.py``'s Triton kernel is the path elsewhere,
+and this one is tested on the GPU and built for sm_90a on the CPU.
+"""
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .._launch import LaunchCache, first_launch, launch, tma_ok
+from .._runtime import cdiv
+from .forward_hopper import ROWS_PER_WARPGROUP, SOFTMAX_WARPGROUPS, descriptor, shared_layout
+
+FP8_MAX = gl.constexpr(448.0)  # e4m3's largest finite value (``ops.fp8.FP8_MAX``)
+BLOCK_M = ROWS_PER_WARPGROUP * SOFTMAX_WARPGROUPS
+HEAD_DIMS = (64, 128)
+
+
+@gluon.constexpr_function
+def mma8_layout(n):
+    """A warpgroup's accumulator layout for 64 x n results of e4m3 products (m16 x n x k32)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 32])
+
+
+@gluon.constexpr_function
+def rows_layout(head_dim):
+    """A blocked layout over a warpgroup's 64 x head_dim tile, 8 consecutive elements a thread."""
+    cols = head_dim // 8
+    return gl.BlockedLayout([1, 8], [32 // cols, cols], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _fp8_load_partition(q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
+                        bh, row_start, n_tiles, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
+                        NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    for c in gl.static_range(NUM_CONSUMERS):
+        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            q_desc, [b, h, row_start + c * ROWS, 0], q_bars.index(c), q_bufs.index(c)
+        )
+    for j in range(n_tiles):
+        slot = j % STAGES
+        # The slot's previous tile must be released by every consumer first.
+        mbarrier.wait(empty_bars.index(slot), ((j // STAGES) + 1) & 1, pred=j >= STAGES)
+        mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [bh, j * BLOCK_N, 0], k_bars.index(slot), k_bufs.index(slot))
+        mbarrier.expect(v_bars.index(slot), vt_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(vt_desc, [bh, 0, j * BLOCK_N], v_bars.index(slot), v_bufs.index(slot))
+
+
+@gluon.jit
+def _quantized_q(q_smem, q8_smem, q_bar):
+    """Writes e4m3(Q / s_q) of the warpgroup's bf16 Q tile into ``q8_smem``; returns s_q = amax/448
+    (1 for an all-zero tile), ``fp8._quantize_tile``'s arithmetic."""
+    ROWS: gl.constexpr = q8_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q8_smem.shape[1]
+    mbarrier.wait(q_bar, 0)
+    q = q_smem.reshape([ROWS, HEAD_DIM]).load(rows_layout(HEAD_DIM)).to(gl.float32)
+    amax = gl.max(gl.max(gl.abs(q), 1), 0)
+    q_scale = gl.where(amax > 0.0, amax / FP8_MAX, 1.0)
+    q8_smem.store((q * (1.0 / q_scale)).to(gl.float8e4nv))
+    fence_async_shared()
+    return q_scale
+
+
+@gluon.jit
+def _block_scales(KS, VS, VM, bh, n_blocks, j, BLOCK_N: gl.constexpr, KV_BLOCK: gl.constexpr, mean_cols):
+    """Ring tile ``j``'s K scale, V scale and V block means (fp32, ``mean_cols``' layout)."""
+    blk = bh.to(gl.int64) * n_blocks + (j * BLOCK_N) // KV_BLOCK
+    return gl.load(KS + blk), gl.load(VS + blk), gl.load(VM + blk * mean_cols.shape[0] + mean_cols)
+
+
+@gluon.jit
+def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM, O, LSE,
+                           qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh, n_blocks, row_start, Lq, Lk,
+                           n_tiles, KV_BLOCK: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.shape[2]
+    HEAD_DIM: gl.constexpr = k_bufs.shape[3]
+    ROWS: gl.constexpr = q8_smem.shape[0]
+    s_layout: gl.constexpr = mma8_layout(BLOCK_N)
+    o_layout: gl.constexpr = mma8_layout(HEAD_DIM)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    row_scale = qk_scale * _quantized_q(q_smem, q8_smem, q_bar)
+
+    # Tile 0: S, its softmax, and the accumulator's first units (tile 0's V scale) with its means.
+    k_scale, v_scale, v_mean = _block_scales(KS, VS, VM, bh, n_blocks, 0, BLOCK_N, KV_BLOCK, o_cols)
+    if PREFETCH:
+        next_k, next_v, next_mean = _block_scales(KS, VS, VM, bh, n_blocks, gl.minimum(1, n_tiles - 1), BLOCK_N,
+                                                  KV_BLOCK, o_cols)  # fmt: skip
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(
+        q8_smem, k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero, use_acc=False
+    )
+    if Lk < BLOCK_N:
+        s = gl.where((cols < Lk)[None, :], s, float("-inf"))
+    score_scale = row_scale * k_scale
+    m_i = gl.max(s, 1) * score_scale
+    p = gl.exp2(s * score_scale - m_i[:, None])
+    p_sum = gl.sum(p, 1)
+    l_i = p_sum
+    to_units = FP8_MAX / v_scale
+    acc = gl.convert_layout(p_sum * to_units, o_rows)[:, None] * v_mean[None, :]
+    v_unit = v_scale
+    p_smem.store((p * FP8_MAX).to(gl.float8e4nv))
+    fence_async_shared()
+
+    for j in range(1, n_tiles):
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        if PREFETCH:
+            k_scale, v_scale, v_mean = next_k, next_v, next_mean
+            next_k, next_v, next_mean = _block_scales(KS, VS, VM, bh, n_blocks, gl.minimum(j + 1, n_tiles - 1),
+                                                      BLOCK_N, KV_BLOCK, o_cols)  # fmt: skip
+        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(
+            q8_smem,
+            k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+            s_zero,
+            use_acc=False,
+            is_async=True,
+        )
+        if not PREFETCH:  # read while the products run: used once S lands (K's) and after P V (V's)
+            k_scale, v_scale, v_mean = _block_scales(KS, VS, VM, bh, n_blocks, j, BLOCK_N, KV_BLOCK, o_cols)
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(
+            p_smem, v_bufs.index(prev).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc, is_async=True
+        )
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        if (j + 1) * BLOCK_N > Lk:
+            s = gl.where((j * BLOCK_N + cols < Lk)[None, :], s, float("-inf"))
+        score_scale = row_scale * k_scale
+        m_new = gl.maximum(m_i, gl.max(s, 1) * score_scale)
+        p = gl.exp2(s * score_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        p_sum = gl.sum(p, 1)
+        l_i = l_i * alpha + p_sum
+        m_i = m_new
+        to_units = FP8_MAX / v_scale
+        rescale = gl.convert_layout(alpha * (v_unit / v_scale), o_rows)
+        mean_weight = gl.convert_layout(p_sum * to_units, o_rows)
+        acc = warpgroup_mma_wait(0, deps=[o_tok])
+        mbarrier.arrive(empty_bars.index(prev), count=1)
+        acc = acc * rescale[:, None] + mean_weight[:, None] * v_mean[None, :]
+        v_unit = v_scale
+        p_smem.store((p * FP8_MAX).to(gl.float8e4nv))  # its last reader, P V of tile j - 1, is done
+        fence_async_shared()
+
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p_smem, v_bufs.index(last).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc)
+
+    acc = acc * gl.convert_layout((v_unit / FP8_MAX) / l_i, o_rows)[:, None]
+    s_row_idx = row_start + gl.arange(0, ROWS, layout=s_rows)
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(LSE + bh.to(gl.int64) * Lq + s_row_idx, lse, mask=s_row_idx < Lq)
+    o_rows_idx = row_start + gl.arange(0, ROWS, layout=o_rows)
+    o_ptrs = (
+        O
+        + b.to(gl.int64) * stride_ob
+        + h.to(gl.int64) * stride_oh
+        + o_rows_idx.to(gl.int64)[:, None] * stride_ol
+        + o_cols[None, :]
+    )
+    gl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=(o_rows_idx < Lq)[:, None])
+
+
+@gluon.jit
+def _fp8_attn_fwd_hopper_kernel(
+    q_desc, k_desc, vt_desc, KS, VS, VM, O, LSE, qk_scale,
+    stride_ob, stride_oh, stride_ol,
+    H, Lq, Lk, n_blocks,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr,
+    KV_BLOCK: gl.constexpr, Q8_LAYOUT: gl.constexpr, P8_LAYOUT: gl.constexpr,
+):  # fmt: skip
+    ROWS: gl.constexpr = q_desc.block_type.shape[2]  # one warpgroup's rows: ROWS_PER_WARPGROUP
+    NUM_CONSUMERS: gl.constexpr = 3  # the three softmax partitions below: SOFTMAX_WARPGROUPS
+    BLOCK_M: gl.constexpr = ROWS * NUM_CONSUMERS
+    n_m = gl.cdiv(Lq, BLOCK_M)
+    pid = gl.program_id(0)
+    bh = pid // n_m
+    row_start = (pid % n_m) * BLOCK_M
+    n_tiles = gl.cdiv(Lk, BLOCK_N)
+    b = bh // H
+    h = bh % H
+
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    q8_bufs = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CONSUMERS, ROWS, HEAD_DIM], Q8_LAYOUT)
+    p_bufs = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CONSUMERS, ROWS, BLOCK_N], P8_LAYOUT)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(vt_desc.dtype, [STAGES] + vt_desc.block_type.shape, vt_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=NUM_CONSUMERS)
+
+    gl.warp_specialize(
+        [
+            (_fp8_softmax_partition, (q_bufs.index(0), q8_bufs.index(0), p_bufs.index(0), q_bars.index(0), k_bufs, v_bufs, k_bars, v_bars,
+                                      empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
+                                      n_blocks, row_start, Lq, Lk, n_tiles, KV_BLOCK, PREFETCH)),
+            (_fp8_softmax_partition, (q_bufs.index(1), q8_bufs.index(1), p_bufs.index(1), q_bars.index(1), k_bufs, v_bufs, k_bars, v_bars,
+                                      empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
+                                      n_blocks, row_start + ROWS, Lq, Lk, n_tiles, KV_BLOCK, PREFETCH)),
+            (_fp8_softmax_partition, (q_bufs.index(2), q8_bufs.index(2), p_bufs.index(2), q_bars.index(2), k_bufs, v_bufs, k_bars, v_bars,
+                                      empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
+                                      n_blocks, row_start + 2 * ROWS, Lq, Lk, n_tiles, KV_BLOCK, PREFETCH)),
+            (_fp8_load_partition, (q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars,
+                                   b, h, bh, row_start, n_tiles, BLOCK_N, ROWS, NUM_CONSUMERS, STAGES)),
+        ],
+        [4, 4, 1],
+        [160, 160, 24],
+    )  # fmt: skip
+
+
+# Per head dim: (BLOCK_N, STAGES, PREFETCH). BLOCK_N divides KV_BLOCK, so a tile has one K and one V
+# scale. sm_90a builds: D = 64 spills 8 bytes a thread with the prefetch, 64 without; D = 128 spills
+# 220 with it, 8 without.
+CONFIGS = {64: (128, 3, True), 128: (64, 3, False)}
+
+
+def _descriptor3(t: torch.Tensor, block: tuple) -> TensorDescriptor:
+    """A 3-D tensor's TMA descriptor with tiles of ``block``."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), shared_layout(block, t.dtype))
+
+
+def unsupported_reason(q: torch.Tensor) -> str | None:
+    """Why this kernel cannot take the call, or None: it needs a Hopper GPU (sm_90), D in 64 or 128
+    and a q a tensor descriptor can address (K8 and V8ᵀ are ``fp8._quantize_kv``'s, contiguous)."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "a Hopper GPU (compute capability 9.x)"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim in {HEAD_DIMS}, got {q.shape[-1]}"
+    if not tma_ok(q):
+        return "unit stride along D and 16-byte aligned rows and starts (TMA)"
+    return None
+
+
+def config_string(head_dim: int) -> str:
+    """The config a call at ``head_dim`` runs, as the benchmark rows record it."""
+    block_n, stages, prefetch = CONFIGS[head_dim]
+    return (
+        f"gluon-fp8:BLOCK_M={BLOCK_M},BLOCK_N={block_n},stages={stages},prefetch={int(prefetch)},"
+        f"warpgroups={SOFTMAX_WARPGROUPS}+load"
+    )
+
+
+# Compiled once per signature of q, o and the quantised K/V (and the scale), then launched directly.
+_LAUNCHES = LaunchCache(first_launch)
+
+
+def forward(
+    q, k8, k_scales, v8t, v_scales, v_means, o, lse, qk_scale: float, kv_block: int, lk: int, config=None
+) -> None:
+    """Write o and lse for a checked q (``unsupported_reason`` None) and ``fp8._quantize_kv``'s K8
+    (B·H, Lk', D), K scales (B·H, Lk'/kv_block), V8ᵀ (B·H, D, Lk'), V scales and V means (B·H,
+    Lk'/kv_block, D) of ``lk`` keys into o (B, H, Lq, D) and lse (B, H, Lq) float32. ``qk_scale`` is
+    the softmax scale times log2(e); ``config`` (BLOCK_N, STAGES, PREFETCH) overrides ``CONFIGS[D]``."""
+    B, H, Lq, D = q.shape
+    block_n, stages, prefetch = config or CONFIGS[D]
+    descriptors = (
+        descriptor(q, ROWS_PER_WARPGROUP),
+        _descriptor3(k8, (1, block_n, D)),
+        _descriptor3(v8t, (1, D, block_n)),
+    )
+    launch(
+        _LAUNCHES,
+        _fp8_attn_fwd_hopper_kernel,
+        (cdiv(Lq, BLOCK_M) * B * H,),
+        (*descriptors, k_scales, v_scales, v_means, o, lse),
+        (float(qk_scale), o.stride(0), o.stride(1), o.stride(2), H, Lq, lk, k_scales.shape[1]),
+        {
+            "HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "PREFETCH": prefetch, "KV_BLOCK": kv_block,
+            "Q8_LAYOUT": shared_layout((ROWS_PER_WARPGROUP, D), k8.dtype),
+            "P8_LAYOUT": shared_layout((ROWS_PER_WARPGROUP, block_n), k8.dtype), "num_warps": 4,
+        },
+        key_tensors=(q, o),
+    )  # fmt: skip
+
+
+__all__ = ["CONFIGS", "HEAD_DIMS", "config_string", "forward", "unsupported_reason"]
