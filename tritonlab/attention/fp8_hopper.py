@@ -20,13 +20,18 @@ S_j = Q8 K8_jᵀ and O += P8_{j-1} V8_{j-1} asynchronously and waits for S_j alo
   K8's rows (D contiguous) for S, V8ᵀ's rows (keys contiguous) for P V; P8 is the A operand, in
   registers, converted from the accumulator layout of S.
 - **Scales off the critical path.** A tile's K scale, V scale and V means are read from global
-  memory (L2) a tile ahead (``PREFETCH``) or right after its S product is issued, so that their
-  latency overlaps the products'.
+  memory (L2) right after its S product is issued, so that their latency overlaps the products'
+  (read a tile ahead, their registers spilled).
+- **448 in the exponent.** P8 = e4m3(448 · P) is computed as exp2(S' − (m − log2 448)), and the
+  row sums count 448 · P: no multiply a score.
+- **Unmasked main loop.** The last tile, where Lk ends inside it, runs in a loop of its own.
 
 Hopper only (sm_90), D in 64 or 128, q TMA-addressable (``unsupported_reason``); no causal mask.
 Gluon kernels do not run in Triton's interpreter: ``fp8.py``'s Triton kernel is the path elsewhere,
 and this one is tested on the GPU and built for sm_90a on the CPU.
 """
+
+import math
 
 import torch
 from triton.experimental import gluon
@@ -45,6 +50,7 @@ from .._runtime import cdiv
 from .forward_hopper import ROWS_PER_WARPGROUP, SOFTMAX_WARPGROUPS, descriptor, shared_layout
 
 FP8_MAX = gl.constexpr(448.0)  # e4m3's largest finite value (``ops.fp8.FP8_MAX``)
+LOG2_FP8_MAX = gl.constexpr(math.log2(448.0))
 BLOCK_M = ROWS_PER_WARPGROUP * SOFTMAX_WARPGROUPS
 HEAD_DIMS = (64, 128)
 
@@ -104,9 +110,58 @@ def _block_scales(KS, VS, VM, bh, n_blocks, j, BLOCK_N: gl.constexpr, KV_BLOCK: 
 
 
 @gluon.jit
+def _fp8_tile(j, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM,
+              row_scale, bh, n_blocks, Lk, mean_cols, KV_BLOCK: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+    """Ring tile ``j``: issues S_j = Q8 K8_jᵀ and O += P8_{j-1} V8_{j-1}, waits for S_j, folds it into
+    the online softmax (``MASKED``: keys past Lk to -inf first), then waits for the P V product,
+    releases its slot, rescales O into tile j's V units, adds tile j's means and stores P8_j."""
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.shape[2]
+    HEAD_DIM: gl.constexpr = k_bufs.shape[3]
+    ROWS: gl.constexpr = q8_smem.shape[0]
+    s_layout: gl.constexpr = mma8_layout(BLOCK_N)
+    o_rows: gl.constexpr = gl.SliceLayout(1, mma8_layout(HEAD_DIM))
+    slot = j % STAGES
+    prev = (j - 1) % STAGES
+    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+    s_tok = warpgroup_mma(
+        q8_smem,
+        k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+        gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+        use_acc=False,
+        is_async=True,
+    )
+    # Read while the products run: used once S lands (K's) and after P V (V's).
+    k_scale, v_scale, v_mean = _block_scales(KS, VS, VM, bh, n_blocks, j, BLOCK_N, KV_BLOCK, mean_cols)
+    mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+    o_tok = warpgroup_mma(
+        p_smem, v_bufs.index(prev).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc, is_async=True
+    )
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    if MASKED:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where((cols < Lk)[None, :], s, float("-inf"))
+    score_scale = row_scale * k_scale
+    m_new = gl.maximum(m_i, gl.max(s, 1) * score_scale)
+    p = gl.exp2(s * score_scale - (m_new - LOG2_FP8_MAX)[:, None])  # 448 · P, what e4m3 takes
+    alpha = gl.exp2(m_i - m_new)
+    p_sum = gl.sum(p, 1)
+    l_i = l_i * alpha + p_sum
+    rescale = gl.convert_layout(alpha * (v_unit / v_scale), o_rows)
+    mean_weight = gl.convert_layout(p_sum * (1.0 / v_scale), o_rows)
+    acc = warpgroup_mma_wait(0, deps=[o_tok])
+    mbarrier.arrive(empty_bars.index(prev), count=1)
+    acc = acc * rescale[:, None] + mean_weight[:, None] * v_mean[None, :]
+    p_smem.store(p.to(gl.float8e4nv))  # its last reader, P V of tile j - 1, is done
+    fence_async_shared()
+    return acc, m_new, l_i, v_scale
+
+
+@gluon.jit
 def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM, O, LSE,
                            qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh, n_blocks, row_start, Lq, Lk,
-                           n_tiles, KV_BLOCK: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
+                           n_tiles, KV_BLOCK: gl.constexpr):  # fmt: skip
+    # l and the row sums count 448 · P (LOG2_FP8_MAX off the exponent's shift): P8 needs no multiply.
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
     HEAD_DIM: gl.constexpr = k_bufs.shape[3]
@@ -118,79 +173,49 @@ def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bar
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
 
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     row_scale = qk_scale * _quantized_q(q_smem, q8_smem, q_bar)
 
     # Tile 0: S, its softmax, and the accumulator's first units (tile 0's V scale) with its means.
     k_scale, v_scale, v_mean = _block_scales(KS, VS, VM, bh, n_blocks, 0, BLOCK_N, KV_BLOCK, o_cols)
-    if PREFETCH:
-        next_k, next_v, next_mean = _block_scales(KS, VS, VM, bh, n_blocks, gl.minimum(1, n_tiles - 1), BLOCK_N,
-                                                  KV_BLOCK, o_cols)  # fmt: skip
     mbarrier.wait(k_bars.index(0), 0)
     s = warpgroup_mma(
-        q8_smem, k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero, use_acc=False
+        q8_smem,
+        k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+        gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+        use_acc=False,
     )
     if Lk < BLOCK_N:
         s = gl.where((cols < Lk)[None, :], s, float("-inf"))
     score_scale = row_scale * k_scale
     m_i = gl.max(s, 1) * score_scale
-    p = gl.exp2(s * score_scale - m_i[:, None])
-    p_sum = gl.sum(p, 1)
-    l_i = p_sum
-    to_units = FP8_MAX / v_scale
-    acc = gl.convert_layout(p_sum * to_units, o_rows)[:, None] * v_mean[None, :]
+    p = gl.exp2(s * score_scale - (m_i - LOG2_FP8_MAX)[:, None])
+    l_i = gl.sum(p, 1)
+    acc = gl.convert_layout(l_i * (1.0 / v_scale), o_rows)[:, None] * v_mean[None, :]
     v_unit = v_scale
-    p_smem.store((p * FP8_MAX).to(gl.float8e4nv))
+    p_smem.store(p.to(gl.float8e4nv))
     fence_async_shared()
 
-    for j in range(1, n_tiles):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        if PREFETCH:
-            k_scale, v_scale, v_mean = next_k, next_v, next_mean
-            next_k, next_v, next_mean = _block_scales(KS, VS, VM, bh, n_blocks, gl.minimum(j + 1, n_tiles - 1),
-                                                      BLOCK_N, KV_BLOCK, o_cols)  # fmt: skip
-        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-        s_tok = warpgroup_mma(
-            q8_smem,
-            k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
-            s_zero,
-            use_acc=False,
-            is_async=True,
-        )
-        if not PREFETCH:  # read while the products run: used once S lands (K's) and after P V (V's)
-            k_scale, v_scale, v_mean = _block_scales(KS, VS, VM, bh, n_blocks, j, BLOCK_N, KV_BLOCK, o_cols)
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        o_tok = warpgroup_mma(
-            p_smem, v_bufs.index(prev).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc, is_async=True
-        )
-        s = warpgroup_mma_wait(1, deps=[s_tok])
-        if (j + 1) * BLOCK_N > Lk:
-            s = gl.where((j * BLOCK_N + cols < Lk)[None, :], s, float("-inf"))
-        score_scale = row_scale * k_scale
-        m_new = gl.maximum(m_i, gl.max(s, 1) * score_scale)
-        p = gl.exp2(s * score_scale - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
-        p_sum = gl.sum(p, 1)
-        l_i = l_i * alpha + p_sum
-        m_i = m_new
-        to_units = FP8_MAX / v_scale
-        rescale = gl.convert_layout(alpha * (v_unit / v_scale), o_rows)
-        mean_weight = gl.convert_layout(p_sum * to_units, o_rows)
-        acc = warpgroup_mma_wait(0, deps=[o_tok])
-        mbarrier.arrive(empty_bars.index(prev), count=1)
-        acc = acc * rescale[:, None] + mean_weight[:, None] * v_mean[None, :]
-        v_unit = v_scale
-        p_smem.store((p * FP8_MAX).to(gl.float8e4nv))  # its last reader, P V of tile j - 1, is done
-        fence_async_shared()
+    # The last tile, if Lk ends inside it, in a loop of its own: in the main loop ptxas applies the
+    # mask to every tile (a compare and a select a score).
+    n_full = gl.maximum(Lk // BLOCK_N, 1)
+    for j in range(1, n_full):
+        acc, m_i, l_i, v_unit = _fp8_tile(
+            j, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM,
+            row_scale, bh, n_blocks, Lk, o_cols, KV_BLOCK, False,
+        )  # fmt: skip
+    for j in range(n_full, n_tiles):
+        acc, m_i, l_i, v_unit = _fp8_tile(
+            j, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM,
+            row_scale, bh, n_blocks, Lk, o_cols, KV_BLOCK, True,
+        )  # fmt: skip
 
     last = (n_tiles - 1) % STAGES
     mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p_smem, v_bufs.index(last).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc)
 
-    acc = acc * gl.convert_layout((v_unit / FP8_MAX) / l_i, o_rows)[:, None]
+    acc = acc * gl.convert_layout(v_unit / l_i, o_rows)[:, None]
     s_row_idx = row_start + gl.arange(0, ROWS, layout=s_rows)
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    lse = (m_i + gl.log2(l_i) - LOG2_FP8_MAX) * 0.6931471805599453
     gl.store(LSE + bh.to(gl.int64) * Lq + s_row_idx, lse, mask=s_row_idx < Lq)
     o_rows_idx = row_start + gl.arange(0, ROWS, layout=o_rows)
     o_ptrs = (
@@ -208,8 +233,7 @@ def _fp8_attn_fwd_hopper_kernel(
     q_desc, k_desc, vt_desc, KS, VS, VM, O, LSE, qk_scale,
     stride_ob, stride_oh, stride_ol,
     H, Lq, Lk, n_blocks,
-    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr,
-    KV_BLOCK: gl.constexpr, Q8_LAYOUT: gl.constexpr, P8_LAYOUT: gl.constexpr,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_BLOCK: gl.constexpr, Q8_LAYOUT: gl.constexpr, P8_LAYOUT: gl.constexpr,
 ):  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[2]  # one warpgroup's rows: ROWS_PER_WARPGROUP
     NUM_CONSUMERS: gl.constexpr = 3  # the three softmax partitions below: SOFTMAX_WARPGROUPS
@@ -242,13 +266,13 @@ def _fp8_attn_fwd_hopper_kernel(
         [
             (_fp8_softmax_partition, (q_bufs.index(0), q8_bufs.index(0), p_bufs.index(0), q_bars.index(0), k_bufs, v_bufs, k_bars, v_bars,
                                       empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
-                                      n_blocks, row_start, Lq, Lk, n_tiles, KV_BLOCK, PREFETCH)),
+                                      n_blocks, row_start, Lq, Lk, n_tiles, KV_BLOCK)),
             (_fp8_softmax_partition, (q_bufs.index(1), q8_bufs.index(1), p_bufs.index(1), q_bars.index(1), k_bufs, v_bufs, k_bars, v_bars,
                                       empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
-                                      n_blocks, row_start + ROWS, Lq, Lk, n_tiles, KV_BLOCK, PREFETCH)),
+                                      n_blocks, row_start + ROWS, Lq, Lk, n_tiles, KV_BLOCK)),
             (_fp8_softmax_partition, (q_bufs.index(2), q8_bufs.index(2), p_bufs.index(2), q_bars.index(2), k_bufs, v_bufs, k_bars, v_bars,
                                       empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
-                                      n_blocks, row_start + 2 * ROWS, Lq, Lk, n_tiles, KV_BLOCK, PREFETCH)),
+                                      n_blocks, row_start + 2 * ROWS, Lq, Lk, n_tiles, KV_BLOCK)),
             (_fp8_load_partition, (q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars,
                                    b, h, bh, row_start, n_tiles, BLOCK_N, ROWS, NUM_CONSUMERS, STAGES)),
         ],
@@ -257,10 +281,8 @@ def _fp8_attn_fwd_hopper_kernel(
     )  # fmt: skip
 
 
-# Per head dim: (BLOCK_N, STAGES, PREFETCH). BLOCK_N divides KV_BLOCK, so a tile has one K and one V
-# scale. sm_90a builds: D = 64 spills 8 bytes a thread with the prefetch, 64 without; D = 128 spills
-# 220 with it, 8 without.
-CONFIGS = {64: (128, 3, True), 128: (64, 3, False)}
+# Per head dim: (BLOCK_N, STAGES). BLOCK_N divides KV_BLOCK, so a tile has one K and one V scale.
+CONFIGS = {64: (128, 3), 128: (64, 3)}
 
 
 def _descriptor3(t: torch.Tensor, block: tuple) -> TensorDescriptor:
@@ -282,10 +304,9 @@ def unsupported_reason(q: torch.Tensor) -> str | None:
 
 def config_string(head_dim: int) -> str:
     """The config a call at ``head_dim`` runs, as the benchmark rows record it."""
-    block_n, stages, prefetch = CONFIGS[head_dim]
+    block_n, stages = CONFIGS[head_dim]
     return (
-        f"gluon-fp8:BLOCK_M={BLOCK_M},BLOCK_N={block_n},stages={stages},prefetch={int(prefetch)},"
-        f"warpgroups={SOFTMAX_WARPGROUPS}+load"
+        f"gluon-fp8:BLOCK_M={BLOCK_M},BLOCK_N={block_n},stages={stages},warpgroups={SOFTMAX_WARPGROUPS}+load"
     )
 
 
@@ -299,9 +320,9 @@ def forward(
     """Write o and lse for a checked q (``unsupported_reason`` None) and ``fp8._quantize_kv``'s K8
     (B·H, Lk', D), K scales (B·H, Lk'/kv_block), V8ᵀ (B·H, D, Lk'), V scales and V means (B·H,
     Lk'/kv_block, D) of ``lk`` keys into o (B, H, Lq, D) and lse (B, H, Lq) float32. ``qk_scale`` is
-    the softmax scale times log2(e); ``config`` (BLOCK_N, STAGES, PREFETCH) overrides ``CONFIGS[D]``."""
+    the softmax scale times log2(e); ``config`` (BLOCK_N, STAGES) overrides ``CONFIGS[D]``."""
     B, H, Lq, D = q.shape
-    block_n, stages, prefetch = config or CONFIGS[D]
+    block_n, stages = config or CONFIGS[D]
     descriptors = (
         descriptor(q, ROWS_PER_WARPGROUP),
         _descriptor3(k8, (1, block_n, D)),
@@ -314,7 +335,7 @@ def forward(
         (*descriptors, k_scales, v_scales, v_means, o, lse),
         (float(qk_scale), o.stride(0), o.stride(1), o.stride(2), H, Lq, lk, k_scales.shape[1]),
         {
-            "HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "PREFETCH": prefetch, "KV_BLOCK": kv_block,
+            "HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "KV_BLOCK": kv_block,
             "Q8_LAYOUT": shared_layout((ROWS_PER_WARPGROUP, D), k8.dtype),
             "P8_LAYOUT": shared_layout((ROWS_PER_WARPGROUP, block_n), k8.dtype), "num_warps": 4,
         },
