@@ -80,7 +80,7 @@ def _triton_components(attention: str) -> Components:
     # mixed: SDPA's attention (cuDNN; the CPU's math) with our MLP, heads and loss -- at small the
     # attention is a few percent of the step, and the rest is where our kernels beat compile's.
     mixed = sdpa_attention("cudnn" if ON_GPU else "math")
-    # fp8: phase 05's FP8 forward with the bf16 two-pass backward; force_fp8, so a GPU without FP8
+    # fp8: phase 05's FP8 forward with a bf16 backward (the fused one on Hopper); force_fp8, so a GPU without FP8
     # is an error row rather than a bf16 run under this name (skip_reason keeps such cells out).
     fp8 = functools.partial(attn.fp8_attention, force_fp8=True)
     fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": mixed, "fp8": fp8}[attention]

@@ -282,7 +282,7 @@ def _fp8_attn_fwd_hopper_kernel(
 
 
 # Per head dim: (BLOCK_N, STAGES). BLOCK_N divides KV_BLOCK, so a tile has one K and one V scale.
-CONFIGS = {64: (128, 3), 128: (64, 3)}
+CONFIGS = {64: (128, 4), 128: (64, 4)}
 
 
 def _descriptor3(t: torch.Tensor, block: tuple) -> TensorDescriptor:
