@@ -6,8 +6,9 @@
 
 ``tritonlab.attention.fp8_attention_forward`` quantises K and V to e4m3 per block of 128 keys in
 one launch and Q per block of query rows inside the forward, then runs both products of the online
-softmax on Hopper's FP8 tensor cores with fp32 accumulation; ``fp8_attention`` adds phase 03's bf16
-two-pass backward. Mode ``fwd`` times the forward (quantisation included) beside our bf16 forward
+softmax on Hopper's FP8 tensor cores with fp32 accumulation (a warp-specialised Gluon kernel on
+Hopper, the Triton kernel as ``triton-fp8-tl``); ``fp8_attention`` adds a bf16 backward (phase 04's
+fused one on Hopper). Mode ``fwd`` times the forward (quantisation included) beside our bf16 forward
 and SDPA's; mode ``fwd+bwd`` times forward + backward beside our bf16 ``attention`` and SDPA's.
 Every row records its error against SDPA, so the FP8 rows beside the bf16 rows give the accuracy
 FP8 costs per shape; correctness is checked before timing.
