@@ -47,7 +47,7 @@ BASELINE_PHASE = "01_baseline"  # the SDPA-only training step, by backend and mo
 VARIANTS_12 = (
     "sdpa-cudnn", "sdpa-flash", "compile+sdpa-cudnn", "compile+sdpa-flash", "custom-bf16-separate",
     "custom-bf16-fused", "custom-bf16-mixed", "custom-fp8-fused", "compile+custom-bf16-separate",
-    "compile+custom-bf16-fused", "compile+custom-bf16-mixed",
+    "compile+custom-bf16-fused", "compile+custom-bf16-mixed", "compile+custom-fp8-fused",
 )  # fmt: skip
 PRESETS = {
     "gpu": {

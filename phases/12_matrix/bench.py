@@ -43,6 +43,7 @@ CUSTOM = [
     "compile+custom-bf16-separate",
     "compile+custom-bf16-fused",
     "compile+custom-bf16-mixed",
+    "compile+custom-fp8-fused",
 ]
 # sdpa-math: the CPU's reference and baseline (cuDNN and flash SDPA need a CUDA GPU).
 VARIANTS = [*BASELINES, "sdpa-math", *CUSTOM]

@@ -75,7 +75,7 @@ import triton.language as tl
 from .._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, use_descriptor_scratch
 from .._runtime import INTERPRET, cdiv, next_power_of_2
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
-from ..tuning import ConfigRecord, quiet_compile_failures
+from ..tuning import ConfigRecord, quiet_compile_failures, refuse_record_under_compile
 from ..tuning_tables import autotune
 from . import fp8_hopper
 from ._common import (  # much the same list as backward.py's: a declaration, not logic
@@ -90,7 +90,7 @@ from ._common import (  # much the same list as backward.py's: a declaration, no
     strides4,
     tuning_bench,
 )
-from .backward import _two_pass_backward
+from .backward import _attention_ops, _two_pass_backward
 from .backward import _uses_gluon as _backward_uses_gluon
 from .backward import attention as _bf16_attention
 from .forward import _checked_forward, _forward_outputs
@@ -497,6 +497,16 @@ def _fp8_forward(q, k, v, scale: float, record: ConfigRecord | None = None, impl
     return o, lse
 
 
+def _q_block(q, lk: int) -> int:
+    """The query rows that shared one Q scale in the last ``_fp8_forward`` (impl "auto") on q's
+    signature and ``lk`` keys: 64 for the Gluon kernel, else the Triton launch's BLOCK_M."""
+    if _uses_gluon(q, "auto"):
+        return fp8_hopper.ROWS_PER_WARPGROUP
+    if INTERPRET:
+        return _INTERPRETER_CONFIG["BLOCK_M"]
+    return _LAUNCHES.info((signature_key(q), lk)).kwargs["BLOCK_M"]
+
+
 def _dequantized(q, k, v, block_m: int) -> tuple[torch.Tensor, ...]:
     """q̃, k̃, ṽ: the values the forward's fp8 products multiplied (e4m3 times scale; V plus its
     block's means), in q's dtype; Q per block of ``block_m`` rows as the forward's programs take it,
@@ -522,12 +532,25 @@ class _FP8AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        qd, kd, vd = _dequantized(q, k, v, ctx.block_m)
-        # Where the Gluon kernels run, phase 04's fused backward (faster than the two-pass one there).
-        gluon = not INTERPRET and _backward_uses_gluon(qd, kd, vd, do)
-        backward = _fused_backward if gluon else _two_pass_backward
-        dq, dkv = backward(qd, kd, vd, o, lse, do, ctx.scale, ctx.record)
+        dq, dkv = _fp8_backward(q, k, v, o, lse, do, ctx.scale, ctx.block_m, ctx.record)
         return dq, dkv[0], dkv[1], None, None, None
+
+
+def _fp8_backward(q, k, v, o, lse, do, scale: float, block_m: int, record=None):
+    """dQ and the stacked (dK, dV) at q̃, k̃, ṽ (Q quantised per ``block_m`` rows): where the Gluon
+    kernels run, phase 04's fused backward (faster than the two-pass one there)."""
+    qd, kd, vd = _dequantized(q, k, v, block_m)
+    gluon = not INTERPRET and _backward_uses_gluon(qd, kd, vd, do)
+    return (_fused_backward if gluon else _two_pass_backward)(qd, kd, vd, o, lse, do, scale, record)
+
+
+# The custom ops torch.compile sees: the FP8 forward ("auto") and its backward, which finds the Q
+# block of the forward that ran on the same signature.
+_FP8_ATTENTION_FORWARD = _attention_ops(
+    "fp8_attention",
+    lambda q, k, v, o, lse, do, scale: _fp8_backward(q, k, v, o, lse, do, scale, _q_block(q, k.shape[2])),
+    _fp8_forward,
+)
 
 
 # --- the public functions ------------------------------------------------------------------------
@@ -617,9 +640,15 @@ def fp8_attention(
     where the Gluon kernels run, ``fused_attention``'s fused backward (dQ summed by TMA reductions
     in no fixed order), elsewhere ``attention``'s two-pass one. Inputs, fallback, ``force_fp8`` and
     ``impl`` as ``fp8_attention_forward``'s; ``record`` receives the configs of the forward and the
-    backward ("forward", and "fused" or "dkdv" and "dq"). Eager only: not a torch.compile custom op.
+    backward ("forward", and "fused" or "dkdv" and "dq"). Under torch.compile it runs as the custom
+    ops ``tritonlab::fp8_attention_forward``/``_backward``, with ``impl="auto"`` and no ``record``.
     """
     scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8, impl)
+    if use_fp8 and torch.compiler.is_compiling():
+        refuse_record_under_compile(record, "fp8_attention")
+        if impl != "auto":
+            raise ValueError(f"impl: under torch.compile fp8_attention runs impl='auto', got {impl!r}")
+        return _FP8_ATTENTION_FORWARD(q, k, v, scale)[0]
     if use_fp8:
         return _FP8AttentionFunction.apply(q, k, v, scale, record, impl)
     return _bf16_attention(q, k, v, scale, record=record)

@@ -353,6 +353,35 @@ def test_v_riding_on_a_common_offset_keeps_its_gradients():
         assert rel_err(g, w) < bound, (name, rel_err(g, w))
 
 
+# --- torch.compile: the custom ops -----------------------------------------------------------------
+
+
+def _fp8_op(q, k, v):
+    return fp8_module._FP8_ATTENTION_FORWARD(q, k, v, 0.125)[0]
+
+
+def test_the_custom_ops_fake_matches_real(custom_op_checks):
+    q, k, v = model_qkv(1, 2, 19, 7, 64, torch.float16)
+    forward = torch.ops.tritonlab.fp8_attention_forward
+    custom_op_checks(forward, *(t.detach().requires_grad_() for t in (q, k, v)), 0.125)
+    o, lse = forward(q, k, v, 0.125)
+    custom_op_checks(torch.ops.tritonlab.fp8_attention_backward, q, k, v, o, lse, torch.randn_like(o), 0.125)
+
+
+def test_compiled_runs_the_custom_ops_and_matches_the_eager_function(compiled_matches_eager):
+    # One graph with the tritonlab:: ops (fullgraph); their output and gradients are the autograd
+    # function's, which the CPU's fp8_attention would not run (it falls back to bf16 there).
+    q, k, v = model_qkv(2, 3, 21, 13, 64, torch.float16)
+    do = torch.randn_like(q)
+    compiled_matches_eager(_fp8_op, (q, k, v), do, 1e-6)
+    got = output_and_grads(_fp8_op, [q, k, v], do)
+    want = output_and_grads(
+        lambda a, b, c: fp8_module._FP8AttentionFunction.apply(a, b, c, 0.125, None), [q, k, v], do
+    )
+    for name, g, w in zip(("o", "dq", "dk", "dv"), got, want, strict=True):
+        assert torch.equal(g, w), name
+
+
 # --- where FP8 runs, and what happens elsewhere ------------------------------------------------------
 
 
@@ -635,6 +664,21 @@ def test_gpu_no_nan_or_inf_at_mid(case):
         assert rel_err(o, v.double().mean(2, keepdim=True).expand_as(o)) < ERROR_BOUND
         assert torch.allclose(lse.double(), torch.full_like(lse.double(), math.log(10_000)) + (
             (q.double() @ k[:, :, :1].double().transpose(-1, -2)).squeeze(-1) / 8.0), atol=LSE_BOUND)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_fp8_attention_is_one_graph_with_the_eager_results(compiled_matches_eager):
+    if not supports_fp8():
+        pytest.skip("no FP8 on this GPU")
+    q, k, v = model_qkv(2, 3, 300, 1000, 64)
+    # The fused backward sums dQ in no fixed order: eager and compiled agree to bf16's rounding.
+    compiled_matches_eager(
+        lambda *qkv: fp8_attention(*qkv, force_fp8=True), (q, k, v), torch.randn_like(q), 1e-2
+    )
+    with pytest.raises(Exception, match="impl: under torch.compile fp8_attention runs impl='auto'"):
+        torch.compile(lambda *qkv: fp8_attention(*qkv, impl="triton"), fullgraph=True, backend="eager")(
+            q, k, v
+        )
 
 
 @pytest.mark.gpu
