@@ -191,19 +191,45 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
     mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_DIM]), acc)
 
-    acc = acc / gl.convert_layout(l_i, o_rows)[:, None]
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-    gl.store(LSE + pid_bh.to(gl.int64) * Lq + s_row_idx, lse, mask=s_row_idx < Lq)
-    o_rows_idx = row_start + gl.arange(0, ROWS, layout=o_rows)
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    store_rows(acc / gl.convert_layout(l_i, o_rows)[:, None], m_i + gl.log2(l_i), O, LSE, stride_ob, stride_oh,
+               stride_ol, b, h, pid_bh, row_start, Lq)  # fmt: skip
+
+
+@gluon.jit
+def store_rows(o, lse2, O, LSE, stride_ob, stride_oh, stride_ol, b, h, bh, row_start, Lq):
+    """A warpgroup's rows from ``row_start``: ``o`` (fp32, the accumulator's layout) into O in its
+    dtype and ``lse2`` (base 2, the rows' slice of an MMA layout) into LSE in natural log; rows past
+    Lq are not written."""
+    ROWS: gl.constexpr = o.shape[0]
+    rows = row_start + gl.arange(0, ROWS, layout=lse2.type.layout)
+    gl.store(LSE + bh.to(gl.int64) * Lq + rows, lse2 * 0.6931471805599453, mask=rows < Lq)
+    o_rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o.type.layout))
+    o_cols = gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, o.type.layout))
     o_ptrs = (
         O
         + b.to(gl.int64) * stride_ob
         + h.to(gl.int64) * stride_oh
-        + o_rows_idx.to(gl.int64)[:, None] * stride_ol
+        + o_rows.to(gl.int64)[:, None] * stride_ol
         + o_cols[None, :]
     )
-    gl.store(o_ptrs, acc.to(dtype), mask=(o_rows_idx < Lq)[:, None])
+    gl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(o_rows < Lq)[:, None])
+
+
+@gluon.jit
+def ring_barriers(NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
+    """The forward's mbarriers, initialised: one per consumer for its Q tile, and per ring slot
+    "K full", "V full" (one arrival: the load warp's) and "empty" (one arrival a consumer)."""
+    q_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=NUM_CONSUMERS)
+    return q_bars, k_bars, v_bars, empty_bars
 
 
 @gluon.jit
@@ -236,16 +262,7 @@ def _attn_fwd_hopper_kernel(
     q_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_CONSUMERS):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=NUM_CONSUMERS)
+    q_bars, k_bars, v_bars, empty_bars = ring_barriers(NUM_CONSUMERS, STAGES)
 
     # Three softmax warpgroups (the default partition and two workers: the same function on
     # different rows) and one load warp. The workers' register requests are the ones built without

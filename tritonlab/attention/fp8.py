@@ -504,7 +504,12 @@ def _q_block(q, lk: int) -> int:
         return fp8_hopper.ROWS_PER_WARPGROUP
     if INTERPRET:
         return _INTERPRETER_CONFIG["BLOCK_M"]
-    return _LAUNCHES.info((signature_key(q), lk)).kwargs["BLOCK_M"]
+    config = _LAUNCHES.info((signature_key(q), lk))
+    if config is None:
+        raise RuntimeError(
+            "fp8 attention backward: no forward launch for this q's signature to take Q's block from"
+        )
+    return config.kwargs["BLOCK_M"]
 
 
 def _dequantized(q, k, v, block_m: int) -> tuple[torch.Tensor, ...]:

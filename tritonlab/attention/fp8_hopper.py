@@ -47,7 +47,14 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .._launch import LaunchCache, first_launch, launch, tma_ok
 from .._runtime import cdiv
-from .forward_hopper import ROWS_PER_WARPGROUP, SOFTMAX_WARPGROUPS, descriptor, shared_layout
+from .forward_hopper import (
+    ROWS_PER_WARPGROUP,
+    SOFTMAX_WARPGROUPS,
+    descriptor,
+    ring_barriers,
+    shared_layout,
+    store_rows,
+)
 
 FP8_MAX = gl.constexpr(448.0)  # e4m3's largest finite value (``ops.fp8.FP8_MAX``)
 LOG2_FP8_MAX = gl.constexpr(math.log2(448.0))
@@ -168,7 +175,6 @@ def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bar
     ROWS: gl.constexpr = q8_smem.shape[0]
     s_layout: gl.constexpr = mma8_layout(BLOCK_N)
     o_layout: gl.constexpr = mma8_layout(HEAD_DIM)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
 
@@ -213,19 +219,8 @@ def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bar
     mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p_smem, v_bufs.index(last).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc)
 
-    acc = acc * gl.convert_layout(v_unit / l_i, o_rows)[:, None]
-    s_row_idx = row_start + gl.arange(0, ROWS, layout=s_rows)
-    lse = (m_i + gl.log2(l_i) - LOG2_FP8_MAX) * 0.6931471805599453
-    gl.store(LSE + bh.to(gl.int64) * Lq + s_row_idx, lse, mask=s_row_idx < Lq)
-    o_rows_idx = row_start + gl.arange(0, ROWS, layout=o_rows)
-    o_ptrs = (
-        O
-        + b.to(gl.int64) * stride_ob
-        + h.to(gl.int64) * stride_oh
-        + o_rows_idx.to(gl.int64)[:, None] * stride_ol
-        + o_cols[None, :]
-    )
-    gl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=(o_rows_idx < Lq)[:, None])
+    store_rows(acc * gl.convert_layout(v_unit / l_i, o_rows)[:, None], m_i + gl.log2(l_i) - LOG2_FP8_MAX, O, LSE,
+               stride_ob, stride_oh, stride_ol, b, h, bh, row_start, Lq)  # fmt: skip
 
 
 @gluon.jit
@@ -251,16 +246,7 @@ def _fp8_attn_fwd_hopper_kernel(
     p_bufs = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CONSUMERS, ROWS, BLOCK_N], P8_LAYOUT)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(vt_desc.dtype, [STAGES] + vt_desc.block_type.shape, vt_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_CONSUMERS):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=NUM_CONSUMERS)
+    q_bars, k_bars, v_bars, empty_bars = ring_barriers(NUM_CONSUMERS, STAGES)
 
     gl.warp_specialize(
         [
