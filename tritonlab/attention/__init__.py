@@ -16,7 +16,9 @@ any lengths >= 1, any strides. Bad input raises a ``ValueError`` naming the argu
 functions take ``record=tritonlab.tuning.ConfigRecord()`` to learn the configs their launches used.
 
 Modules: ``forward.py`` (the rectangular forward), ``backward.py`` (its two-pass backward and the
-autograd function), ``fused.py`` (the fused backward), ``flash2.py`` (FlashAttention-2's kernels),
+autograd function), ``fused.py`` (the fused backward), ``forward_hopper.py``, ``backward_hopper.py``
+and ``fp8_hopper.py`` (the Gluon kernels Hopper runs), ``fp8.py`` (the FP8 quantisation, forward
+and public functions), ``flash2.py`` (FlashAttention-2's kernels),
 ``flash_pytorch.py``, ``reference.py`` (float64 and naive references, FLOP counts), ``_common.py``
 (what both families share: input checks, the online-softmax tile update, the backward's
 preprocess Δ, tuning keys and the shared-memory fit of every config space).

@@ -520,8 +520,8 @@ def _dequantized(q, k, v, block_m: int) -> tuple[torch.Tensor, ...]:
 
 
 class _FP8AttentionFunction(torch.autograd.Function):
-    """The FP8 forward, saving the bf16 q, k, v, its o and lse; the backward is the bf16 two-pass
-    backward of ``backward.py`` at the quantised values q̃, k̃, ṽ (``_dequantized``), whose scores
+    """The FP8 forward, saving the bf16 q, k, v, its o and lse; the backward is a bf16 backward
+    (``_fp8_backward``) at the quantised values q̃, k̃, ṽ (``_dequantized``), whose scores
     are the ones this forward's lse sums, passed straight through to q, k, v. Recomputing P from the
     unquantised inputs instead mixes two sets of scores: where attention is peaked, P exceeds 1 and
     the gradients go wrong (relative error 19% at inputs x2, 98% at x4 in the interpreter; on the

@@ -1,6 +1,8 @@
-"""tritonlab.attention.fp8: the e4m3 quantisation of K and V, the FP8 forward against float64 (odd
-shapes, strided inputs, poisoned outputs, large inputs, outlier channels, all-equal scores), its
-backward, the bf16 fallback and ``force_fp8``, bad input, and the sm_90 build (fp8 wgmma, no spills).
+"""tritonlab.attention.fp8 and fp8_hopper: the e4m3 quantisation of K and V, the FP8 forwards (the
+Triton one, and on Hopper the Gluon one) against float64 (odd shapes, strided inputs, poisoned
+outputs, large inputs, outlier channels, all-equal scores), the backward, the custom ops under
+torch.compile, the bf16 fallback, ``force_fp8`` and ``impl``, bad input, and the sm_90 builds (fp8
+wgmma, spills).
 
 On the CPU the kernels run in Triton's interpreter through ``_fp8_forward`` and the autograd
 function (the public functions fall back to bf16 there, by design); on an FP8 GPU the ``gpu`` tests
