@@ -61,14 +61,21 @@ def mma_layout(n):
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
-                    row_start, n_tiles, BLOCK_N: gl.constexpr, ROWS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-                    STAGES: gl.constexpr):  # fmt: skip
+def load_q_tiles(q_desc, q_bufs, q_bars, b, h, row_start):
+    """The load warp's first copies: each consumer's Q tile of one head from ``row_start`` on."""
+    ROWS: gl.constexpr = q_desc.block_type.shape[2]
+    NUM_CONSUMERS: gl.constexpr = q_bufs.shape[0]
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
             q_desc, [b, h, row_start + c * ROWS, 0], q_bars.index(c), q_bufs.index(c)
         )
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
+                    row_start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    load_q_tiles(q_desc, q_bufs, q_bars, b, h, row_start)
     for j in range(n_tiles):
         slot = j % STAGES
         # The slot's previous tile must be released by every consumer first.
@@ -278,7 +285,7 @@ def _attn_fwd_hopper_kernel(
                                   qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start + 2 * ROWS, Lq, Lk,
                                   n_tiles, CAUSAL)),
             (_load_partition, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
-                               row_start, n_tiles, BLOCK_N, ROWS, NUM_CONSUMERS, STAGES)),
+                               row_start, n_tiles, BLOCK_N, STAGES)),
         ],
         [4, 4, 1],
         [160, 160, 24],
@@ -307,22 +314,27 @@ def shared_layout(block: tuple, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
 
 
-def descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
-    """A (B, H, L, D) tensor's TMA descriptor, tiles of ``block_rows`` rows of one head."""
-    block = (1, 1, block_rows, t.shape[-1])
+def block_descriptor(t: torch.Tensor, block: tuple) -> TensorDescriptor:
+    """``t``'s TMA descriptor over its own shape and strides, tiles of ``block``."""
     return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), shared_layout(block, t.dtype))
 
 
-def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
-    """Why this kernel cannot take the call, or None: it needs a Hopper GPU (sm_90), bf16/fp16,
-    D in 64 or 128 and strides a tensor descriptor can address."""
+def descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    """A (B, H, L, D) tensor's TMA descriptor, tiles of ``block_rows`` rows of one head."""
+    return block_descriptor(t, (1, 1, block_rows, t.shape[-1]))
+
+
+def unsupported_reason(q: torch.Tensor, *tensors: torch.Tensor) -> str | None:
+    """Why a Gluon forward cannot take the call, or None: it needs a Hopper GPU (sm_90), bf16/fp16,
+    D in 64 or 128, and strides a tensor descriptor can address in q and ``tensors`` (this kernel's
+    k and v; ``fp8_hopper`` reads q alone so)."""
     if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
         return "a Hopper GPU (compute capability 9.x)"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"bf16 or fp16 inputs, got {q.dtype}"
     if q.shape[-1] not in GLUON_HEAD_DIMS:
         return f"head dim in {GLUON_HEAD_DIMS}, got {q.shape[-1]}"
-    if not tma_ok(q, k, v):
+    if not tma_ok(q, *tensors):
         return "unit stride along D and 16-byte aligned rows and starts (TMA)"
     return None
 

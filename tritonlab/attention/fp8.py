@@ -77,7 +77,7 @@ from .._runtime import INTERPRET, cdiv, next_power_of_2
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures, refuse_record_under_compile
 from ..tuning_tables import autotune
-from . import fp8_hopper
+from . import forward_hopper, fp8_hopper
 from ._common import (  # much the same list as backward.py's: a declaration, not logic
     LOG2E,
     check_qkv,
@@ -453,7 +453,7 @@ def _uses_gluon(q, impl: str) -> bool:
     reason = (
         "a GPU (Gluon kernels do not run in Triton's interpreter)"
         if INTERPRET
-        else fp8_hopper.unsupported_reason(q)
+        else forward_hopper.unsupported_reason(q)  # K8 and V8ᵀ are ours: only q's strides matter
     )
     if impl == "gluon" and reason is not None:
         raise ValueError(f"impl: 'gluon' needs {reason}")

@@ -31,14 +31,14 @@ S_j = Q8 K8_jᵀ and O += P8_{j-1} V8_{j-1} asynchronously and waits for S_j alo
 Measured on the H100 (phase 05, D = 64, the quantisation launch included): 1.24x / 1.36x cuDNN's
 bf16 forward at mid / large and 1.07x / 1.10x ``forward_hopper``'s; at D = 128, 0.97x cuDNN.
 
-Hopper only (sm_90), D in 64 or 128, q TMA-addressable (``unsupported_reason``); no causal mask.
+Hopper only (sm_90), D in 64 or 128, q TMA-addressable (``forward_hopper.unsupported_reason(q)``);
+no causal mask.
 Gluon kernels do not run in Triton's interpreter: ``fp8.py``'s Triton kernel is the path elsewhere,
 and this one is tested on the GPU and built for sm_90a on the CPU.
 """
 
 import math
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -48,23 +48,24 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .._launch import LaunchCache, first_launch, launch, tma_ok
+from .._launch import LaunchCache, first_launch, launch
 from .._runtime import cdiv
+from ..ops import fp8 as ops_fp8
 from .forward_hopper import (
     ROWS_PER_WARPGROUP,
     SOFTMAX_WARPGROUPS,
+    block_descriptor,
     descriptor,
+    load_q_tiles,
     ring_barriers,
     shared_layout,
     store_rows,
 )
 
-FP8_MAX = gl.constexpr(448.0)  # e4m3's largest finite value (``ops.fp8.FP8_MAX``)
-LOG2_FP8_MAX = gl.constexpr(math.log2(448.0))
+FP8_MAX = gl.constexpr(ops_fp8.FP8_MAX)  # e4m3's largest finite value, as the kernels see it
+LOG2_FP8_MAX = gl.constexpr(math.log2(ops_fp8.FP8_MAX))
 BLOCK_M = ROWS_PER_WARPGROUP * SOFTMAX_WARPGROUPS
-HEAD_DIMS = (64, 128)
 
 
 @gluon.constexpr_function
@@ -82,13 +83,9 @@ def rows_layout(head_dim):
 
 @gluon.jit
 def _fp8_load_partition(q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
-                        bh, row_start, n_tiles, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
-                        NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
-    for c in gl.static_range(NUM_CONSUMERS):
-        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            q_desc, [b, h, row_start + c * ROWS, 0], q_bars.index(c), q_bufs.index(c)
-        )
+                        bh, row_start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    load_q_tiles(q_desc, q_bufs, q_bars, b, h, row_start)
+    # K8 and V8ᵀ are (B·H, Lk', D) and (B·H, D, Lk'): V's tile starts at column j·BLOCK_N.
     for j in range(n_tiles):
         slot = j % STAGES
         # The slot's previous tile must be released by every consumer first.
@@ -265,7 +262,7 @@ def _fp8_attn_fwd_hopper_kernel(
                                       empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
                                       n_blocks, row_start + 2 * ROWS, Lq, Lk, n_tiles, KV_BLOCK)),
             (_fp8_load_partition, (q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars,
-                                   b, h, bh, row_start, n_tiles, BLOCK_N, ROWS, NUM_CONSUMERS, STAGES)),
+                                   b, h, bh, row_start, n_tiles, BLOCK_N, STAGES)),
         ],
         [4, 4, 1],
         [160, 160, 24],
@@ -274,23 +271,6 @@ def _fp8_attn_fwd_hopper_kernel(
 
 # Per head dim: (BLOCK_N, STAGES). BLOCK_N divides KV_BLOCK, so a tile has one K and one V scale.
 CONFIGS = {64: (128, 4), 128: (64, 4)}
-
-
-def _descriptor3(t: torch.Tensor, block: tuple) -> TensorDescriptor:
-    """A 3-D tensor's TMA descriptor with tiles of ``block``."""
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), shared_layout(block, t.dtype))
-
-
-def unsupported_reason(q: torch.Tensor) -> str | None:
-    """Why this kernel cannot take the call, or None: it needs a Hopper GPU (sm_90), D in 64 or 128
-    and a q a tensor descriptor can address (K8 and V8ᵀ are ``fp8._quantize_kv``'s, contiguous)."""
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "a Hopper GPU (compute capability 9.x)"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head dim in {HEAD_DIMS}, got {q.shape[-1]}"
-    if not tma_ok(q):
-        return "unit stride along D and 16-byte aligned rows and starts (TMA)"
-    return None
 
 
 def config_string(head_dim: int) -> str:
@@ -308,16 +288,17 @@ _LAUNCHES = LaunchCache(first_launch)
 def forward(
     q, k8, k_scales, v8t, v_scales, v_means, o, lse, qk_scale: float, kv_block: int, lk: int, config=None
 ) -> None:
-    """Write o and lse for a checked q (``unsupported_reason`` None) and ``fp8._quantize_kv``'s K8
-    (B·H, Lk', D), K scales (B·H, Lk'/kv_block), V8ᵀ (B·H, D, Lk'), V scales and V means (B·H,
-    Lk'/kv_block, D) of ``lk`` keys into o (B, H, Lq, D) and lse (B, H, Lq) float32. ``qk_scale`` is
-    the softmax scale times log2(e); ``config`` (BLOCK_N, STAGES) overrides ``CONFIGS[D]``."""
+    """Write o and lse for a checked q (``forward_hopper.unsupported_reason(q)`` None) and
+    ``fp8._quantize_kv``'s K8 (B·H, Lk', D), K scales (B·H, Lk'/kv_block), V8ᵀ (B·H, D, Lk'), V
+    scales and V means (B·H, Lk'/kv_block, D) of ``lk`` keys into o (B, H, Lq, D) and lse (B, H, Lq)
+    float32. ``qk_scale`` is the softmax scale times log2(e); ``config`` (BLOCK_N, STAGES) overrides
+    ``CONFIGS[D]``."""
     B, H, Lq, D = q.shape
     block_n, stages = config or CONFIGS[D]
     descriptors = (
         descriptor(q, ROWS_PER_WARPGROUP),
-        _descriptor3(k8, (1, block_n, D)),
-        _descriptor3(v8t, (1, D, block_n)),
+        block_descriptor(k8, (1, block_n, D)),
+        block_descriptor(v8t, (1, D, block_n)),
     )
     launch(
         _LAUNCHES,
@@ -334,4 +315,4 @@ def forward(
     )  # fmt: skip
 
 
-__all__ = ["CONFIGS", "HEAD_DIMS", "config_string", "forward", "unsupported_reason"]
+__all__ = ["CONFIGS", "config_string", "forward"]

@@ -550,16 +550,16 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 from tritonlab.attention.fp8 import KV_BLOCK
-from tritonlab.attention.fp8_hopper import CONFIGS, ROWS_PER_WARPGROUP, _descriptor3, _fp8_attn_fwd_hopper_kernel
-from tritonlab.attention.forward_hopper import descriptor, shared_layout
+from tritonlab.attention.fp8_hopper import CONFIGS, ROWS_PER_WARPGROUP, _fp8_attn_fwd_hopper_kernel
+from tritonlab.attention.forward_hopper import block_descriptor, descriptor, shared_layout
 from tritonlab.tuning import ptxas_report
 
 results = {}
 for d, (block_n, stages) in CONFIGS.items():
     fp8 = torch.float8_e4m3fn
     descriptors = (descriptor(torch.empty(1, 1, 256, d, dtype=torch.bfloat16), ROWS_PER_WARPGROUP),
-                   _descriptor3(torch.empty(1, 256, d, dtype=fp8), (1, block_n, d)),
-                   _descriptor3(torch.empty(1, d, 256, dtype=fp8), (1, d, block_n)))
+                   block_descriptor(torch.empty(1, 256, d, dtype=fp8), (1, block_n, d)),
+                   block_descriptor(torch.empty(1, d, 256, dtype=fp8), (1, d, block_n)))
     sig = {"q_desc": mangle_type(descriptors[0]), "k_desc": mangle_type(descriptors[1]),
            "vt_desc": mangle_type(descriptors[2]), "KS": "*fp32", "VS": "*fp32", "VM": "*fp32", "O": "*bf16",
            "LSE": "*fp32", "qk_scale": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_ol": "i32",
