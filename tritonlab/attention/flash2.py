@@ -533,10 +533,7 @@ def _uses_gluon(q, k, v, impl: str) -> bool:
         raise ValueError(f"impl: unknown {impl!r}; expected one of {IMPLS}")
     if impl == "triton":
         return False
-    if INTERPRET:
-        reason = "a GPU (Gluon kernels do not run in Triton's interpreter)"
-    else:
-        reason = forward_hopper.unsupported_reason(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
+    reason = forward_hopper.unsupported_reason(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
     if impl == "gluon" and reason is not None:
         raise ValueError(f"impl: 'gluon' needs {reason}")
     return reason is None and (impl == "gluon" or k.shape[1] >= GLUON_FROM_N)

@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .._launch import LaunchCache, first_launch, launch, tma_ok
-from .._runtime import cdiv
+from .._runtime import INTERPRET, cdiv
 
 GLUON_HEAD_DIMS = (64, 128)
 ROWS_PER_WARPGROUP = 64
@@ -327,7 +327,9 @@ def descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
 def unsupported_reason(q: torch.Tensor, *tensors: torch.Tensor) -> str | None:
     """Why a Gluon forward cannot take the call, or None: it needs a Hopper GPU (sm_90), bf16/fp16,
     D in 64 or 128, and strides a tensor descriptor can address in q and ``tensors`` (this kernel's
-    k and v; ``fp8_hopper`` reads q alone so)."""
+    k and v; ``fp8_hopper`` reads q alone so). Never in Triton's interpreter."""
+    if INTERPRET:
+        return "a GPU (Gluon kernels do not run in Triton's interpreter)"
     if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
         return "a Hopper GPU (compute capability 9.x)"
     if q.dtype not in (torch.bfloat16, torch.float16):

@@ -450,11 +450,7 @@ def _uses_gluon(q, impl: str) -> bool:
     "gluon" or a ``ValueError`` saying what it needs; "triton" keeps this module's kernel."""
     if impl == "triton":
         return False
-    reason = (
-        "a GPU (Gluon kernels do not run in Triton's interpreter)"
-        if INTERPRET
-        else forward_hopper.unsupported_reason(q)  # K8 and V8ᵀ are ours: only q's strides matter
-    )
+    reason = forward_hopper.unsupported_reason(q)  # K8 and V8ᵀ are ours: only q's strides matter
     if impl == "gluon" and reason is not None:
         raise ValueError(f"impl: 'gluon' needs {reason}")
     return reason is None

@@ -375,7 +375,6 @@ def test_triton_gpu_fp16():
 def test_auto_takes_gluon_from_the_threshold(monkeypatch):
     """The dispatch rule alone (the kernels need a Hopper GPU): where the Gluon forward could run,
     "auto" takes it from GLUON_FROM_N keys on, "gluon" at any length, "triton" never."""
-    monkeypatch.setattr(flash2, "INTERPRET", False)
     monkeypatch.setattr(flash2.forward_hopper, "unsupported_reason", lambda q, k, v: None)
     q = torch.empty(1, 5, 64)
     for n_k, auto in [(flash2.GLUON_FROM_N - 1, False), (flash2.GLUON_FROM_N, True)]:
