@@ -28,6 +28,12 @@ def check_tensor(name: str, t, dtypes=FLOAT_DTYPES, ndim: int | None = None) -> 
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
 
 
+def check_choice(name: str, value, choices: tuple) -> None:
+    """``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name}: unknown {value!r}; expected one of {choices}")
+
+
 def check_same(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, *, shape: bool = True) -> None:
     """``t`` has ``ref``'s device and dtype (and shape, unless ``shape=False``)."""
     if t.device != ref.device:

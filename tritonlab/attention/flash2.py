@@ -53,6 +53,7 @@ import triton.language as tl
 
 from .._launch import tma_ok, use_descriptor_scratch
 from .._runtime import INTERPRET, cdiv
+from ..checks import check_choice
 from ..tuning import dot_precision
 from ..tuning_tables import TUNER, dtype_name, gpu_slug
 from . import backward_hopper, forward_hopper
@@ -529,8 +530,7 @@ def _uses_gluon(q, k, v, impl: str) -> bool:
     naming why where it cannot run), or "auto" where it can -- Hopper, 16-bit, D 64 or 128,
     TMA-addressable strides -- from GLUON_FROM_N keys on. The backward's dK/dV follows where
     ``backward_hopper`` has a config."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl: unknown {impl!r}; expected one of {IMPLS}")
+    check_choice("impl", impl, IMPLS)
     if impl == "triton":
         return False
     reason = forward_hopper.unsupported_reason(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
@@ -548,8 +548,7 @@ def flash_forward(
     ``loader`` picks its loads: "tma" (tensor descriptors), "blockptr", or "auto" -- TMA whenever the
     strides allow it."""
     check_qkv(q, k, v, ndim=3, dtypes=TRITON_DTYPES, head_dims=HEAD_DIMS)
-    if loader not in LOADERS:
-        raise ValueError(f"loader: unknown {loader!r}; expected one of {LOADERS}")
+    check_choice("loader", loader, LOADERS)
     batch, n_q, head_dim = q.shape
     n_k = k.shape[1]
     o = torch.empty_like(q, memory_format=torch.contiguous_format)

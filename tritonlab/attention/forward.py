@@ -39,6 +39,7 @@ import triton.language as tl
 
 from .._launch import LaunchCache, autotune_for_launch, signature_key, tma_ok, use_descriptor_scratch
 from .._runtime import INTERPRET, cdiv, next_power_of_2
+from ..checks import check_choice
 from ..tuning import ConfigRecord, dot_precision, quiet_compile_failures
 from ..tuning_tables import autotune
 from . import forward_hopper
@@ -329,8 +330,7 @@ def attention_forward(
     check_qkv(q, k, v, ndim=4)
     scale = softmax_scale(q.shape[-1], scale)
     impl = impl or "auto"
-    if impl not in IMPLS:
-        raise ValueError(f"impl: unknown {impl!r}; expected one of {IMPLS}")
+    check_choice("impl", impl, IMPLS)
     return _checked_forward(q, k, v, scale, impl, record)
 
 

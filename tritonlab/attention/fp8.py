@@ -74,6 +74,7 @@ import triton.language as tl
 
 from .._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, use_descriptor_scratch
 from .._runtime import INTERPRET, cdiv, next_power_of_2
+from ..checks import check_choice
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures, refuse_record_under_compile
 from ..tuning_tables import autotune
@@ -575,8 +576,7 @@ def _warn_fallback(where: str) -> None:
 def _fp8_or_fallback(q, k, v, scale, force_fp8: bool, impl: str) -> tuple[float, bool]:
     """Check the inputs; (the softmax scale, whether the FP8 kernels run)."""
     check_qkv(q, k, v, ndim=4, dtypes=FP8_INPUT_DTYPES, head_dims=FP8_HEAD_DIMS)
-    if impl not in IMPLS:
-        raise ValueError(f"impl: unknown {impl!r}; expected one of {IMPLS}")
+    check_choice("impl", impl, IMPLS)
     scale = softmax_scale(q.shape[-1], scale)
     if supports_fp8(q.device):
         return scale, True
