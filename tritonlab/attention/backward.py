@@ -423,7 +423,7 @@ def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord |
     qk_scale = scale * LOG2E
     precision = dot_precision(q.dtype)
     delta = backward_delta(o, do)
-    gluon = not INTERPRET and _uses_gluon(q, k, v, do)  # the Gluon dK/dV kernel
+    gluon = _uses_gluon(q, k, v, do)  # the Gluon dK/dV kernel
 
     # The Gluon dK/dV kernel runs one chunk: every key block sees every query row.
     q_chunk = Lq if gluon else _plan_query_chunks(Lq, Lk, B * H)

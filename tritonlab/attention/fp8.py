@@ -542,7 +542,7 @@ def _fp8_backward(q, k, v, o, lse, do, scale: float, block_m: int, record=None):
     """dQ and the stacked (dK, dV) at q̃, k̃, ṽ (Q quantised per ``block_m`` rows): where the Gluon
     kernels run, phase 04's fused backward (faster than the two-pass one there)."""
     qd, kd, vd = _dequantized(q, k, v, block_m)
-    gluon = not INTERPRET and _backward_uses_gluon(qd, kd, vd, do)
+    gluon = _backward_uses_gluon(qd, kd, vd, do)
     return (_fused_backward if gluon else _two_pass_backward)(qd, kd, vd, o, lse, do, scale, record)
 
 

@@ -355,7 +355,7 @@ def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | No
     the head dims it has a config for (``FUSED_CONFIGS``: D = 64), the two-pass backward at the
     others (at D = 128 the fused kernel spills and measured 5.57 against 5.00 ms at mid); elsewhere
     the deterministic one-launch kernel."""
-    if INTERPRET or not _uses_gluon(q, k, v, do):
+    if not _uses_gluon(q, k, v, do):
         return _deterministic_fused_backward(q, k, v, o, lse, do, scale, record)
     B, H, Lq, D = q.shape
     if D not in backward_hopper.FUSED_CONFIGS:
