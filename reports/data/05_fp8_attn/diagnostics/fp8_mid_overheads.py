@@ -3,11 +3,12 @@ Gluon FP8 kernel alone (inputs quantised beforehand) and our bf16 Gluon forward,
 queries (B = 4, H = 8, Lq = 11 000, D = 64) over 10 000, 20 000 and 40 000 keys. With programs of
 equal length, time = waves x (fixed + tiles x per-tile); the key sweep separates the two terms.
 
-    PYTHONPATH=. python3 reports/data/05_fp8_attn/diagnostics/fp8_mid_overheads.py
+    PYTHONPATH=. python3 reports/data/05_fp8_attn/diagnostics/fp8_mid_overheads.py [keys ...]
 """
 
 import functools
 import math
+import sys
 
 import torch
 from triton.testing import do_bench
@@ -17,6 +18,7 @@ from tritonlab.attention._common import LOG2E
 from tritonlab.attention.forward import _forward_outputs
 
 B, H, LQ, D = 4, 8, 11_000, 64
+LENGTHS = [int(n) for n in sys.argv[1:]] or [10_000, 20_000, 40_000]
 
 
 def strided(length):
@@ -32,7 +34,7 @@ def main():
     q = strided(LQ)
     programs = B * H * math.ceil(LQ / fp8_hopper.BLOCK_M)
     print(f"{programs} programs of {fp8_hopper.BLOCK_M} rows: {programs / 132:.2f} waves on 132 SMs")
-    for lk in (10_000, 20_000, 40_000):
+    for lk in LENGTHS:
         k, v = strided(lk), strided(lk)
         quant = do_bench(functools.partial(fp8._quantize_kv, k, v), warmup=25, rep=150)
         parts = fp8._quantize_kv(k, v)
