@@ -51,13 +51,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .._launch import LaunchCache, first_launch, launch
 from .._runtime import cdiv
-from ..checks import persistent_programs
 from ..ops import fp8 as ops_fp8
 from .forward_hopper import (
     ROWS_PER_WARPGROUP,
     SOFTMAX_WARPGROUPS,
     block_descriptor,
     descriptor,
+    load_q_tiles,
     ring_barriers,
     shared_layout,
     store_rows,
@@ -82,54 +82,29 @@ def rows_layout(head_dim):
 
 
 @gluon.jit
-def _fp8_load_partition(q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars, q_free_bars, k_bars, v_bars, empty_bars,
-                        H, n_m, n_items, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
-    """The load warp: for each of the program's items (a head's 3 x 64 query rows), its Q tiles once
-    the consumers have quantised the last item's, then its K8 and V8ᵀ tiles through the ring, whose
-    slots count on across items (ring position ``g``)."""
-    ROWS: gl.constexpr = q_desc.block_type.shape[2]
-    NUM_CONSUMERS: gl.constexpr = q_bufs.shape[0]
-    pid = gl.program_id(0)
-    n_programs = gl.num_programs(0)
-    for it in range(gl.cdiv(n_items - pid, n_programs)):
-        item = pid + it * n_programs
-        bh = item // n_m
-        row_start = (item % n_m) * (ROWS * NUM_CONSUMERS)
-        for c in gl.static_range(NUM_CONSUMERS):
-            # The consumer's bf16 Q tile of the last item must be quantised before it is overwritten.
-            mbarrier.wait(q_free_bars.index(c), (it + 1) & 1, pred=it > 0)
-            mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(
-                q_desc, [bh // H, bh % H, row_start + c * ROWS, 0], q_bars.index(c), q_bufs.index(c)
-            )
-        # K8 and V8ᵀ are (B·H, Lk', D) and (B·H, D, Lk'): V's tile starts at column j·BLOCK_N.
-        for j in range(n_tiles):
-            g = it * n_tiles + j
-            slot = g % STAGES
-            # The slot's previous tile must be released by every consumer first.
-            mbarrier.wait(empty_bars.index(slot), ((g // STAGES) + 1) & 1, pred=g >= STAGES)
-            mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(
-                k_desc, [bh, j * BLOCK_N, 0], k_bars.index(slot), k_bufs.index(slot)
-            )
-            mbarrier.expect(v_bars.index(slot), vt_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(
-                vt_desc, [bh, 0, j * BLOCK_N], v_bars.index(slot), v_bufs.index(slot)
-            )
+def _fp8_load_partition(q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
+                        bh, row_start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    load_q_tiles(q_desc, q_bufs, q_bars, b, h, row_start)
+    # K8 and V8ᵀ are (B·H, Lk', D) and (B·H, D, Lk'): V's tile starts at column j·BLOCK_N.
+    for j in range(n_tiles):
+        slot = j % STAGES
+        # The slot's previous tile must be released by every consumer first.
+        mbarrier.wait(empty_bars.index(slot), ((j // STAGES) + 1) & 1, pred=j >= STAGES)
+        mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [bh, j * BLOCK_N, 0], k_bars.index(slot), k_bufs.index(slot))
+        mbarrier.expect(v_bars.index(slot), vt_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(vt_desc, [bh, 0, j * BLOCK_N], v_bars.index(slot), v_bufs.index(slot))
 
 
 @gluon.jit
-def _quantized_q(q_smem, q8_smem, q_bar, q_free_bar, phase):
-    """Writes e4m3(Q / s_q) of the warpgroup's bf16 Q tile (landed: ``q_bar`` at ``phase``) into
-    ``q8_smem`` and hands the tile back to the load warp (``q_free_bar``); returns s_q = amax/448 (1
-    for an all-zero tile), ``fp8._quantize_tile``'s arithmetic."""
+def _quantized_q(q_smem, q8_smem, q_bar):
+    """Writes e4m3(Q / s_q) of the warpgroup's bf16 Q tile into ``q8_smem``; returns s_q = amax/448
+    (1 for an all-zero tile), ``fp8._quantize_tile``'s arithmetic."""
     ROWS: gl.constexpr = q8_smem.shape[0]
     HEAD_DIM: gl.constexpr = q8_smem.shape[1]
-    mbarrier.wait(q_bar, phase)
+    mbarrier.wait(q_bar, 0)
     q = q_smem.reshape([ROWS, HEAD_DIM]).load(rows_layout(HEAD_DIM)).to(gl.float32)
     amax = gl.max(gl.max(gl.abs(q), 1), 0)
-    # The warpgroup's amax needs every thread's loads done: the tile is free for the next item's.
-    mbarrier.arrive(q_free_bar, count=1)
     q_scale = gl.where(amax > 0.0, amax / FP8_MAX, 1.0)
     q8_smem.store((q * (1.0 / q_scale)).to(gl.float8e4nv))
     fence_async_shared()
@@ -144,21 +119,20 @@ def _block_scales(KS, VS, VM, bh, n_blocks, j, BLOCK_N: gl.constexpr, KV_BLOCK: 
 
 
 @gluon.jit
-def _fp8_tile(j, g, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM,
+def _fp8_tile(j, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM,
               row_scale, bh, n_blocks, Lk, mean_cols, KV_BLOCK: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
-    """Key tile ``j``, at ring position ``g``: issues S_j = Q8 K8_jᵀ and O += P8_{j-1} V8_{j-1}, waits
-    for S_j, folds it into the online softmax (``MASKED``: keys past Lk to -inf first), then waits
-    for the P V product, releases its slot, rescales O into tile j's V units, adds tile j's means
-    and stores P8_j."""
+    """Ring tile ``j``: issues S_j = Q8 K8_jᵀ and O += P8_{j-1} V8_{j-1}, waits for S_j, folds it into
+    the online softmax (``MASKED``: keys past Lk to -inf first), then waits for the P V product,
+    releases its slot, rescales O into tile j's V units, adds tile j's means and stores P8_j."""
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
     HEAD_DIM: gl.constexpr = k_bufs.shape[3]
     ROWS: gl.constexpr = q8_smem.shape[0]
     s_layout: gl.constexpr = mma8_layout(BLOCK_N)
     o_rows: gl.constexpr = gl.SliceLayout(1, mma8_layout(HEAD_DIM))
-    slot = g % STAGES
-    prev = (g - 1) % STAGES
-    mbarrier.wait(k_bars.index(slot), (g // STAGES) & 1)
+    slot = j % STAGES
+    prev = (j - 1) % STAGES
+    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
     s_tok = warpgroup_mma(
         q8_smem,
         k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
@@ -168,7 +142,7 @@ def _fp8_tile(j, g, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_ba
     )
     # Read while the products run: used once S lands (K's) and after P V (V's).
     k_scale, v_scale, v_mean = _block_scales(KS, VS, VM, bh, n_blocks, j, BLOCK_N, KV_BLOCK, mean_cols)
-    mbarrier.wait(v_bars.index(prev), ((g - 1) // STAGES) & 1)
+    mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
     o_tok = warpgroup_mma(
         p_smem, v_bufs.index(prev).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc, is_async=True
     )
@@ -193,12 +167,9 @@ def _fp8_tile(j, g, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_ba
 
 
 @gluon.jit
-def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, q_free_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS,
-                           VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, H, n_m, n_items, n_blocks,
-                           row_offset, Lq, Lk, n_tiles, KV_BLOCK: gl.constexpr):  # fmt: skip
-    """One softmax warpgroup: its 64 rows (``row_offset`` into each item's 3 x 64) of every item of
-    the program, one after another; the ring position of an item's first key tile follows from the
-    items before it (each has ``n_tiles``)."""
+def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM, O, LSE,
+                           qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh, n_blocks, row_start, Lq, Lk,
+                           n_tiles, KV_BLOCK: gl.constexpr):  # fmt: skip
     # l and the row sums count 448 · P (LOG2_FP8_MAX off the exponent's shift): P8 needs no multiply.
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
@@ -208,79 +179,69 @@ def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, q_free_bar, k_bufs, v
     o_layout: gl.constexpr = mma8_layout(HEAD_DIM)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    row_scale = qk_scale * _quantized_q(q_smem, q8_smem, q_bar)
+
+    # Tile 0: S, its softmax, and the accumulator's first units (tile 0's V scale) with its means.
+    k_scale, v_scale, v_mean = _block_scales(KS, VS, VM, bh, n_blocks, 0, BLOCK_N, KV_BLOCK, o_cols)
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(
+        q8_smem,
+        k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+        gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+        use_acc=False,
+    )
+    if Lk < BLOCK_N:
+        s = gl.where((cols < Lk)[None, :], s, float("-inf"))
+    score_scale = row_scale * k_scale
+    m_i = gl.max(s, 1) * score_scale
+    p = gl.exp2(s * score_scale - (m_i - LOG2_FP8_MAX)[:, None])
+    l_i = gl.sum(p, 1)
+    acc = gl.convert_layout(l_i * (1.0 / v_scale), o_rows)[:, None] * v_mean[None, :]
+    v_unit = v_scale
+    p_smem.store(p.to(gl.float8e4nv))
+    fence_async_shared()
+
     # The last tile, if Lk ends inside it, in a loop of its own: in the main loop ptxas applies the
     # mask to every tile (a compare and a select a score).
     n_full = gl.maximum(Lk // BLOCK_N, 1)
-    pid = gl.program_id(0)
-    n_programs = gl.num_programs(0)
+    for j in range(1, n_full):
+        acc, m_i, l_i, v_unit = _fp8_tile(
+            j, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM,
+            row_scale, bh, n_blocks, Lk, o_cols, KV_BLOCK, False,
+        )  # fmt: skip
+    for j in range(n_full, n_tiles):
+        acc, m_i, l_i, v_unit = _fp8_tile(
+            j, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM,
+            row_scale, bh, n_blocks, Lk, o_cols, KV_BLOCK, True,
+        )  # fmt: skip
 
-    for it in range(gl.cdiv(n_items - pid, n_programs)):
-        item = pid + it * n_programs
-        bh = item // n_m
-        b = bh // H
-        h = bh % H
-        row_start = (item % n_m) * (3 * ROWS) + row_offset
-        base = it * n_tiles  # ring position of this item's tile 0
-        row_scale = qk_scale * _quantized_q(q_smem, q8_smem, q_bar, q_free_bar, it & 1)
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p_smem, v_bufs.index(last).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc)
 
-        # Tile 0: S, its softmax, and the accumulator's first units (tile 0's V scale) with its means.
-        k_scale, v_scale, v_mean = _block_scales(KS, VS, VM, bh, n_blocks, 0, BLOCK_N, KV_BLOCK, o_cols)
-        slot0 = base % STAGES
-        mbarrier.wait(k_bars.index(slot0), (base // STAGES) & 1)
-        s = warpgroup_mma(
-            q8_smem,
-            k_bufs.index(slot0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
-            gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
-            use_acc=False,
-        )
-        if Lk < BLOCK_N:
-            s = gl.where((cols < Lk)[None, :], s, float("-inf"))
-        score_scale = row_scale * k_scale
-        m_i = gl.max(s, 1) * score_scale
-        p = gl.exp2(s * score_scale - (m_i - LOG2_FP8_MAX)[:, None])
-        l_i = gl.sum(p, 1)
-        acc = gl.convert_layout(l_i * (1.0 / v_scale), o_rows)[:, None] * v_mean[None, :]
-        v_unit = v_scale
-        p_smem.store(p.to(gl.float8e4nv))
-        fence_async_shared()
-
-        for j in range(1, n_full):
-            acc, m_i, l_i, v_unit = _fp8_tile(
-                j, base + j, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars, v_bars, empty_bars,
-                KS, VS, VM, row_scale, bh, n_blocks, Lk, o_cols, KV_BLOCK, False,
-            )  # fmt: skip
-        for j in range(n_full, n_tiles):
-            acc, m_i, l_i, v_unit = _fp8_tile(
-                j, base + j, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars, v_bars, empty_bars,
-                KS, VS, VM, row_scale, bh, n_blocks, Lk, o_cols, KV_BLOCK, True,
-            )  # fmt: skip
-
-        last = base + n_tiles - 1
-        mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-        acc = warpgroup_mma(
-            p_smem, v_bufs.index(last % STAGES).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc
-        )
-        mbarrier.arrive(empty_bars.index(last % STAGES), count=1)  # the ring goes on with the next item
-
-        store_rows(acc * gl.convert_layout(v_unit / l_i, o_rows)[:, None], m_i + gl.log2(l_i) - LOG2_FP8_MAX, O,
-                   LSE, stride_ob, stride_oh, stride_ol, b, h, bh, row_start, Lq)  # fmt: skip
+    store_rows(acc * gl.convert_layout(v_unit / l_i, o_rows)[:, None], m_i + gl.log2(l_i) - LOG2_FP8_MAX, O, LSE,
+               stride_ob, stride_oh, stride_ol, b, h, bh, row_start, Lq)  # fmt: skip
 
 
 @gluon.jit
 def _fp8_attn_fwd_hopper_kernel(
     q_desc, k_desc, vt_desc, KS, VS, VM, O, LSE, qk_scale,
     stride_ob, stride_oh, stride_ol,
-    H, BH, Lq, Lk, n_blocks,
+    H, Lq, Lk, n_blocks,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_BLOCK: gl.constexpr, Q8_LAYOUT: gl.constexpr, P8_LAYOUT: gl.constexpr,
 ):  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[2]  # one warpgroup's rows: ROWS_PER_WARPGROUP
     NUM_CONSUMERS: gl.constexpr = 3  # the three softmax partitions below: SOFTMAX_WARPGROUPS
     BLOCK_M: gl.constexpr = ROWS * NUM_CONSUMERS
-    # Persistent: the program takes items (a head's BLOCK_M query rows) pid, pid + programs, ...
     n_m = gl.cdiv(Lq, BLOCK_M)
-    n_items = n_m * BH
+    pid = gl.program_id(0)
+    bh = pid // n_m
+    row_start = (pid % n_m) * BLOCK_M
     n_tiles = gl.cdiv(Lk, BLOCK_N)
+    b = bh // H
+    h = bh % H
 
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     q8_bufs = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CONSUMERS, ROWS, HEAD_DIM], Q8_LAYOUT)
@@ -288,23 +249,20 @@ def _fp8_attn_fwd_hopper_kernel(
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(vt_desc.dtype, [STAGES] + vt_desc.block_type.shape, vt_desc.layout)
     q_bars, k_bars, v_bars, empty_bars = ring_barriers(NUM_CONSUMERS, STAGES)
-    q_free_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    for c in gl.static_range(NUM_CONSUMERS):
-        mbarrier.init(q_free_bars.index(c), count=1)
 
     gl.warp_specialize(
         [
-            (_fp8_softmax_partition, (q_bufs.index(0), q8_bufs.index(0), p_bufs.index(0), q_bars.index(0), q_free_bars.index(0),
-                                      k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob,
-                                      stride_oh, stride_ol, H, n_m, n_items, n_blocks, 0, Lq, Lk, n_tiles, KV_BLOCK)),
-            (_fp8_softmax_partition, (q_bufs.index(1), q8_bufs.index(1), p_bufs.index(1), q_bars.index(1), q_free_bars.index(1),
-                                      k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob,
-                                      stride_oh, stride_ol, H, n_m, n_items, n_blocks, ROWS, Lq, Lk, n_tiles, KV_BLOCK)),
-            (_fp8_softmax_partition, (q_bufs.index(2), q8_bufs.index(2), p_bufs.index(2), q_bars.index(2), q_free_bars.index(2),
-                                      k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob,
-                                      stride_oh, stride_ol, H, n_m, n_items, n_blocks, 2 * ROWS, Lq, Lk, n_tiles, KV_BLOCK)),
-            (_fp8_load_partition, (q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars, q_free_bars, k_bars, v_bars,
-                                   empty_bars, H, n_m, n_items, n_tiles, BLOCK_N, STAGES)),
+            (_fp8_softmax_partition, (q_bufs.index(0), q8_bufs.index(0), p_bufs.index(0), q_bars.index(0), k_bufs, v_bufs, k_bars, v_bars,
+                                      empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
+                                      n_blocks, row_start, Lq, Lk, n_tiles, KV_BLOCK)),
+            (_fp8_softmax_partition, (q_bufs.index(1), q8_bufs.index(1), p_bufs.index(1), q_bars.index(1), k_bufs, v_bufs, k_bars, v_bars,
+                                      empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
+                                      n_blocks, row_start + ROWS, Lq, Lk, n_tiles, KV_BLOCK)),
+            (_fp8_softmax_partition, (q_bufs.index(2), q8_bufs.index(2), p_bufs.index(2), q_bars.index(2), k_bufs, v_bufs, k_bars, v_bars,
+                                      empty_bars, KS, VS, VM, O, LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh,
+                                      n_blocks, row_start + 2 * ROWS, Lq, Lk, n_tiles, KV_BLOCK)),
+            (_fp8_load_partition, (q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars,
+                                   b, h, bh, row_start, n_tiles, BLOCK_N, STAGES)),
         ],
         [4, 4, 1],
         [160, 160, 24],
@@ -345,9 +303,9 @@ def forward(
     launch(
         _LAUNCHES,
         _fp8_attn_fwd_hopper_kernel,
-        (persistent_programs(cdiv(Lq, BLOCK_M) * B * H, per_sm=1, device=q.device),),
+        (cdiv(Lq, BLOCK_M) * B * H,),
         (*descriptors, k_scales, v_scales, v_means, o, lse),
-        (float(qk_scale), o.stride(0), o.stride(1), o.stride(2), H, B * H, Lq, lk, k_scales.shape[1]),
+        (float(qk_scale), o.stride(0), o.stride(1), o.stride(2), H, Lq, lk, k_scales.shape[1]),
         {
             "HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "KV_BLOCK": kv_block,
             "Q8_LAYOUT": shared_layout((ROWS_PER_WARPGROUP, D), k8.dtype),

@@ -563,7 +563,7 @@ for d, (block_n, stages) in CONFIGS.items():
     sig = {"q_desc": mangle_type(descriptors[0]), "k_desc": mangle_type(descriptors[1]),
            "vt_desc": mangle_type(descriptors[2]), "KS": "*fp32", "VS": "*fp32", "VM": "*fp32", "O": "*bf16",
            "LSE": "*fp32", "qk_scale": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_ol": "i32",
-           "H": "i32", "BH": "i32", "Lq": "i32", "Lk": "i32", "n_blocks": "i32"}
+           "H": "i32", "Lq": "i32", "Lk": "i32", "n_blocks": "i32"}
     consts = {"HEAD_DIM": d, "BLOCK_N": block_n, "STAGES": stages, "KV_BLOCK": KV_BLOCK,
               "Q8_LAYOUT": shared_layout((ROWS_PER_WARPGROUP, d), fp8),
               "P8_LAYOUT": shared_layout((ROWS_PER_WARPGROUP, block_n), fp8)}
