@@ -43,12 +43,22 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 from torch.nn import functional as F
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tuning, tuning_tables
 from ._gemm import compute_dtype, shared_memory_pruner
-from ._launch import LaunchCache, autotune_for_launch, signature_key, tma_ok
+from ._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, tma_ok
 from ._runtime import INTERPRET, cdiv, sm_count
+from .attention.forward_hopper import block_descriptor, mma_layout
 from .checks import check_offset_range, check_same, check_tensor
 from .tuning import ConfigRecord, dot_precision
 
@@ -149,6 +159,116 @@ def _fixed_slice_matmul_tma_kernel(
         dx_desc.store([(n_m + tile // n_n) * BLOCK_M, (tile % n_n) * BLOCK_N], zeros)
 
 
+# --- the warp-specialised Gluon kernel (Hopper): one output tile a program ---------------------------
+# A load warp streams dy's and w's K tiles into a ring (TMA); three warpgroups each multiply 64 of the
+# tile's 192 rows by its 128 columns (wgmma from shared memory), releasing a slot as soon as the
+# product that read it is done. 192 x 128 tiles make bert-base's 4 096 x 768 intermediate dX 132
+# tiles: one wave on 132 SMs, where 128 x 128 tiles make 192 (1.45 waves). (128 x 192 would make
+# 128, but a TMA box's sides are powers of two.)
+
+
+@gluon.jit
+def _ws_load(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES: gl.constexpr,
+             WARPGROUPS: gl.constexpr):  # fmt: skip
+    ROWS: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    for i in range(n_k):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) + 1) & 1, pred=i >= STAGES)
+        mbarrier.expect(ready.index(s), WARPGROUPS * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        for wg in gl.static_range(WARPGROUPS):
+            tma.async_copy_global_to_shared(
+                a_desc, [row + wg * ROWS, i * BLOCK_K], ready.index(s), a_bufs.index(s * WARPGROUPS + wg)
+            )
+        tma.async_copy_global_to_shared(b_desc, [i * BLOCK_K, col], ready.index(s), b_bufs.index(s))
+
+
+@gluon.jit
+def _ws_mma(a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.constexpr,
+            WARPGROUPS: gl.constexpr):  # fmt: skip
+    """Warpgroup ``WG``'s 64 rows of the tile: the K loop (none past the slice: zeros), then dx."""
+    STAGES: gl.constexpr = b_bufs.shape[0]
+    BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    ROWS: gl.constexpr = a_bufs.shape[1]
+    acc = gl.zeros([ROWS, BLOCK_N], gl.float32, mma_layout(BLOCK_N))
+    for i in range(n_k):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        acc = warpgroup_mma(a_bufs.index(s * WARPGROUPS + WG), b_bufs.index(s), acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=[acc])  # the product before this one is done: its slot is free
+        if i > 0:
+            mbarrier.arrive(empty.index((i - 1) % STAGES), count=1)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    # Through shared memory and one TMA store, which clips rows past T and columns past D.
+    c_smem = c_bufs.index(WG)
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [row + WG * ROWS, col], c_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: gl.constexpr):
+    """A 192 x BLOCK_N tile of dx a program: the slice's tiles multiply (a_desc spans rows [0, N_ROWS):
+    the straddling block reads zeros past it), the tiles past the slice store zeros."""
+    ROWS: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    WARPGROUPS: gl.constexpr = 3  # the three _ws_mma partitions below
+    n_n = gl.cdiv(D, BLOCK_N)
+    pid = gl.program_id(0)
+    row = (pid // n_n) * (WARPGROUPS * ROWS)
+    col = (pid % n_n) * BLOCK_N
+    n_k = gl.where(row < N_ROWS, gl.cdiv(K, BLOCK_K), 0)
+    a_bufs = gl.allocate_shared_memory(
+        a_desc.dtype, [STAGES * WARPGROUPS] + a_desc.block_type.shape, a_desc.layout
+    )
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [WARPGROUPS] + c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=WARPGROUPS)  # every warpgroup's product reads the slot
+    gl.warp_specialize(
+        [
+            (_ws_mma, (a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, 0, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, 1, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, 2, WARPGROUPS)),
+            (_ws_load, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES, WARPGROUPS)),
+        ],
+        [4, 4, 1],
+        [160, 160, 24],
+    )  # fmt: skip
+
+
+# The Gluon kernel's tile: 3 x 64 rows, 128 columns, K by 64, a 4-deep ring (160 KB of shared memory,
+# and 48 KB to stage the tile's store).
+_WS_ROWS, _WS_WARPGROUPS, _WS_BLOCK_N, _WS_BLOCK_K, _WS_STAGES = 64, 3, 128, 64, 4
+# Where "auto" takes it: one wave of tiles, most of them multiplying (measured where that holds:
+# bert-base's intermediate dX at 4 096 rows; many waves, or a short slice, ran faster in the
+# Triton kernels' tuned tiles).
+_WS_MIN_BUSY = 0.75
+
+
+def _ws_tiles(rows: int, d: int) -> int:
+    return cdiv(rows, _WS_WARPGROUPS * _WS_ROWS) * cdiv(d, _WS_BLOCK_N)
+
+
+def _fixed_slice_matmul_ws(dy: Tensor, w: Tensor, dx: Tensor, n_rows: int) -> None:
+    T, K = dy.shape
+    D = w.shape[1]
+    descriptors = (
+        block_descriptor(dy[:n_rows], (_WS_ROWS, _WS_BLOCK_K)),
+        block_descriptor(w, (_WS_BLOCK_K, _WS_BLOCK_N)),
+        block_descriptor(dx, (_WS_ROWS, _WS_BLOCK_N)),
+    )
+    _WS_LAUNCHES.launch(
+        (signature_key(dy, w, dx), n_rows), descriptors, _fixed_slice_matmul_ws_kernel, (_ws_tiles(T, D),),
+        (n_rows, K, D), {"STAGES": _WS_STAGES, "num_warps": 4},
+    )  # fmt: skip
+
+
 # --- config space ---------------------------------------------------------------------------------
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the usual Hopper GEMM tiles for 16-bit inputs, and two
 # smaller ones that 4-byte elements fit in shared memory with. The interpreter gets one small config
@@ -245,11 +365,13 @@ _fixed_slice_matmul_tma = tuning_tables.autotune(
     prune_configs_by={"early_config_prune": shared_memory_pruner(_tma_smem, "dy_desc")},
 )(_fixed_slice_matmul_tma_kernel)
 
-IMPLS = ("auto", "tma", "pointer")
+IMPLS = ("auto", "gluon", "tma", "pointer")
 # Per call signature (dy's and w's layouts, n_rows, the kernel; the dot precision, which follows
 # torch's float32 setting): the compiled pick, launched directly after the signature's first call.
 # Triton's autotuner and launcher cost about 0.1 ms of host time a call (phase sparse_ffn's host_ms).
 _LAUNCHES = LaunchCache(autotune_for_launch)
+# The Gluon kernel: compiled at a signature's first call, launched directly after it.
+_WS_LAUNCHES = LaunchCache(first_launch)
 
 
 def _tma_usable(dy: Tensor, w: Tensor, n_rows: int) -> bool:
@@ -261,6 +383,27 @@ def _tma_usable(dy: Tensor, w: Tensor, n_rows: int) -> bool:
         and dy.dtype in (torch.bfloat16, torch.float16)
         and w.shape[1] * dy.element_size() % 16 == 0
         and tma_ok(dy, w)
+    )
+
+
+def _gluon_usable(dy: Tensor, w: Tensor, n_rows: int) -> bool:
+    """Whether the Gluon kernel can take this call: the TMA kernel's operands on a Hopper GPU."""
+    return (
+        not INTERPRET
+        and dy.is_cuda
+        and torch.cuda.get_device_capability(dy.device)[0] == 9
+        and _tma_usable(dy, w, n_rows)
+    )
+
+
+def _gluon_preferred(dy: Tensor, w: Tensor, n_rows: int) -> bool:
+    """Where "auto" takes the Gluon kernel: its tiles fit one wave and most of them multiply."""
+    sms = sm_count(dy.device)
+    D = w.shape[1]
+    return (
+        _gluon_usable(dy, w, n_rows)
+        and _ws_tiles(dy.shape[0], D) <= sms
+        and _ws_tiles(n_rows, D) >= _WS_MIN_BUSY * sms
     )
 
 
@@ -281,9 +424,10 @@ def fixed_slice_matmul(
 
     dy (T, K) and w (K, D) of one dtype (bf16, fp16 or fp32) on one device, any strides; n_rows in
     [0, T]. For a linear layer's weight W (D_OUT, D_IN), ``fixed_slice_matmul(dy, W, n)`` is the
-    sliced dX. ``impl``: "auto" takes the TMA kernel on a Hopper GPU where it can (see the module
-    docstring), "pointer" never, "tma" wherever the operands allow it (the interpreter included, for
-    tests; a ValueError where they do not). ``record`` receives the tiles the autotuner picked.
+    sliced dX. ``impl``: "auto" takes, on a Hopper GPU, the Gluon kernel where its 192 x 128 tiles
+    fit one wave and mostly multiply, else the TMA kernel where it can (see the module docstring);
+    "pointer" never; "tma" wherever the operands allow it (the interpreter included, for tests);
+    "gluon" on a Hopper GPU wherever "tma" could run (a ValueError where they cannot). ``record`` receives the tiles the autotuner picked.
     Numerically wrong as a training gradient for any n_rows < T (see the module docstring).
     """
     if impl not in IMPLS:
@@ -304,6 +448,20 @@ def fixed_slice_matmul(
     if T == 0 or D == 0:
         return dx
 
+    if impl == "gluon" and not _gluon_usable(dy, w, n_rows):
+        raise ValueError(
+            "impl: 'gluon' needs a Hopper GPU (compute capability 9.x) and the operands 'tma' needs: "
+            f"bf16/fp16, unit inner strides, 16-byte aligned rows and n_rows > 0 (got {dy.dtype} on "
+            f"{dy.device}, dy strides {dy.stride()}, w strides {w.stride()}, n_rows {n_rows})"
+        )
+    if impl == "gluon" or (impl == "auto" and _gluon_preferred(dy, w, n_rows)):
+        _fixed_slice_matmul_ws(dy, w, dx, n_rows)
+        if record is not None:
+            record.note(
+                "fixed_slice_matmul",
+                f"gluon:BLOCK_M={_WS_WARPGROUPS * _WS_ROWS},BLOCK_N={_WS_BLOCK_N},BLOCK_K={_WS_BLOCK_K},stages={_WS_STAGES}",
+            )
+        return dx
     if impl == "tma" and not _tma_usable(dy, w, n_rows):
         raise ValueError(
             "impl: 'tma' needs bf16/fp16 operands with unit inner strides, 16-byte aligned rows and "

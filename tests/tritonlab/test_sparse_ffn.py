@@ -299,7 +299,83 @@ def test_every_tma_tile_builds_for_hopper_within_its_shared_memory_and_without_s
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
 
 
+_GLUON_BUILD = r"""
+import json, re
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+from tritonlab import sparse_ffn as s
+from tritonlab.attention.forward_hopper import block_descriptor
+from tritonlab.tuning import ptxas_report
+
+dy, w, dx = (torch.empty(shape, dtype=torch.bfloat16) for shape in [(256, 256), (256, 384), (256, 384)])
+descriptors = [block_descriptor(dy, (s._WS_ROWS, s._WS_BLOCK_K)), block_descriptor(w, (s._WS_BLOCK_K, s._WS_BLOCK_N)),
+               block_descriptor(dx, (s._WS_ROWS, s._WS_BLOCK_N))]
+sig = {name: mangle_type(d) for name, d in zip(["a_desc", "b_desc", "c_desc"], descriptors)}
+sig.update({"N_ROWS": "i32", "K": "i32", "D": "i32", "STAGES": "constexpr"})
+out = triton.compile(GluonASTSource(s._fixed_slice_matmul_ws_kernel, sig, {"STAGES": s._WS_STAGES}),
+                     target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+ptx = out.asm["ptx"]
+print(json.dumps({"shared": out.metadata.shared, "warps": out.metadata.num_warps, **ptxas_report(ptx, "sm_90a"),
+                  "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\S*", ptx)))}))
+"""
+
+
+@pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
+def test_the_gluon_kernel_builds_for_hopper_warp_specialised_within_its_shared_memory():
+    """Three MMA warpgroups and a load warp (16 warps, padded), bf16 wgmma 64 x 128, the ring and
+    the store's staging tiles within Hopper's shared memory, no spills."""
+    r = json.loads(run_without_interpreter(_GLUON_BUILD).stdout.strip().splitlines()[-1])
+    assert r["warps"] == 16, r
+    assert r["shared"] <= HOPPER_SHARED_MEMORY, r
+    assert r["wgmma"] and all("m64n128k16.f32.bf16.bf16" in x for x in r["wgmma"]), r
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+
+
+def test_the_gluon_kernel_is_refused_where_it_cannot_run():
+    dy, w = make((10, 16), torch.float16, 0), make((16, 8), torch.float16, 1)
+    hopper = DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] == 9
+    calls = [lambda: fixed_slice_matmul(dy, w, 0, impl="gluon")]  # an empty slice: no descriptor
+    if not hopper:
+        calls.append(lambda: fixed_slice_matmul(dy, w, 3, impl="gluon"))  # the interpreter, or no Hopper
+    for call in calls:
+        with pytest.raises(ValueError, match="^impl: 'gluon'"):
+            call()
+
+
 # --- on a GPU: bf16 at BERT-base shapes -----------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("T", "K", "D", "n_rows"),
+    [(4096, 3072, 768, 4096), (4101, 3072, 768, 4100), (1001, 264, 136, 1), (1001, 264, 136, 500),
+     (1001, 264, 136, 1001), (200, 8, 8, 193), (4101, 768, 3072, 2050)],
+)  # fmt: skip
+def test_gpu_gluon_kernel_against_float64_with_exact_zeros_past_the_slice(dtype, T, K, D, n_rows):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel runs on Hopper")
+    dy, w = make((T, K), dtype, 0), make((K, D), dtype, 1)
+    with poisoned_empty():
+        dx = fixed_slice_matmul(dy, w, n_rows, impl="gluon")
+    assert (dx[n_rows:] == 0).all()
+    assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_auto_takes_the_gluon_kernel_where_its_tiles_fill_one_wave():
+    from tritonlab._runtime import sm_count
+    from tritonlab.tuning import ConfigRecord
+
+    if torch.cuda.get_device_capability()[0] != 9 or sm_count() < 132:
+        pytest.skip("an H100/H200: 132 SMs")
+    dy, w = make((4096, 3072), torch.bfloat16, 0), make((3072, 768), torch.bfloat16, 1)
+    for n_rows, gluon in [(4096, True), (2048, False)]:  # 132 tiles, 66 of them multiplying
+        record = ConfigRecord()
+        fixed_slice_matmul(dy, w, n_rows, record=record)
+        assert record.picked["fixed_slice_matmul"].startswith("gluon:") == gluon, (n_rows, record.picked)
 
 
 @pytest.mark.gpu
