@@ -184,7 +184,7 @@ def _ws_load(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES
 
 
 @gluon.jit
-def _ws_mma(a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.constexpr,
+def _ws_mma(a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.constexpr,
             WARPGROUPS: gl.constexpr):  # fmt: skip
     """Warpgroup ``WG``'s 64 rows of the tile: the K loop (none past the slice: zeros), then dx."""
     STAGES: gl.constexpr = b_bufs.shape[0]
@@ -199,19 +199,11 @@ def _ws_mma(a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.constexp
         if i > 0:
             mbarrier.arrive(empty.index((i - 1) % STAGES), count=1)
     acc = warpgroup_mma_wait(0, deps=[acc])
-    # Stored by TMA from shared memory (which clips rows past T and columns past D), staged in this
-    # warpgroup's own dy slots of stages 0 and 1: only its products read them, all are done, and no
-    # load is left to write them. One 64-column half a slot; the staging needs no memory of its own,
-    # which leaves room for the ring's fifth stage.
-    halves = acc.to(c_desc.dtype).reshape([ROWS, 2, BLOCK_N // 2]).permute((0, 2, 1))
-    low, high = gl.split(halves)
-    a_bufs.index(WG).store(low)
-    a_bufs.index(WARPGROUPS + WG).store(high)
+    # Through shared memory and one TMA store, which clips rows past T and columns past D.
+    c_smem = c_bufs.index(WG)
+    c_smem.store(acc.to(c_desc.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(c_desc, [row + WG * ROWS, col], a_bufs.index(WG))
-    tma.async_copy_shared_to_global(
-        c_desc, [row + WG * ROWS, col + BLOCK_N // 2], a_bufs.index(WARPGROUPS + WG)
-    )
+    tma.async_copy_shared_to_global(c_desc, [row + WG * ROWS, col], c_smem)
     tma.store_wait(0)
 
 
@@ -223,7 +215,6 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     WARPGROUPS: gl.constexpr = 3  # the three _ws_mma partitions below
-    gl.static_assert(c_desc.block_type.shape[1] * 2 == BLOCK_N and STAGES >= 2)  # the staging in _ws_mma
     n_n = gl.cdiv(D, BLOCK_N)
     pid = gl.program_id(0)
     row = (pid // n_n) * (WARPGROUPS * ROWS)
@@ -233,6 +224,7 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
         a_desc.dtype, [STAGES * WARPGROUPS] + a_desc.block_type.shape, a_desc.layout
     )
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [WARPGROUPS] + c_desc.block_type.shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -240,9 +232,9 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
         mbarrier.init(empty.index(i), count=WARPGROUPS)  # every warpgroup's product reads the slot
     gl.warp_specialize(
         [
-            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 0, WARPGROUPS)),
-            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 1, WARPGROUPS)),
-            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 2, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, 0, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, 1, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, 2, WARPGROUPS)),
             (_ws_load, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES, WARPGROUPS)),
         ],
         [4, 4, 1],
@@ -250,8 +242,9 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
     )  # fmt: skip
 
 
-# The Gluon kernel's tile: 3 x 64 rows, 128 columns, K by 64, a 5-deep ring (200 KB of shared memory).
-_WS_ROWS, _WS_WARPGROUPS, _WS_BLOCK_N, _WS_BLOCK_K, _WS_STAGES = 64, 3, 128, 64, 5
+# The Gluon kernel's tile: 3 x 64 rows, 128 columns, K by 64, a 4-deep ring (160 KB of shared memory,
+# and 48 KB to stage the tile's store).
+_WS_ROWS, _WS_WARPGROUPS, _WS_BLOCK_N, _WS_BLOCK_K, _WS_STAGES = 64, 3, 128, 64, 4
 # Where "auto" takes it: one wave of tiles, most of them multiplying (measured where that holds:
 # bert-base's intermediate dX at 4 096 rows; many waves, or a short slice, ran faster in the
 # Triton kernels' tuned tiles).
@@ -268,7 +261,7 @@ def _fixed_slice_matmul_ws(dy: Tensor, w: Tensor, dx: Tensor, n_rows: int) -> No
     descriptors = (
         block_descriptor(dy[:n_rows], (_WS_ROWS, _WS_BLOCK_K)),
         block_descriptor(w, (_WS_BLOCK_K, _WS_BLOCK_N)),
-        block_descriptor(dx, (_WS_ROWS, _WS_BLOCK_N // 2)),  # the store's halves, staged in dy's slots
+        block_descriptor(dx, (_WS_ROWS, _WS_BLOCK_N)),
     )
     _WS_LAUNCHES.launch(
         (signature_key(dy, w, dx), n_rows), descriptors, _fixed_slice_matmul_ws_kernel, (_ws_tiles(T, D),),

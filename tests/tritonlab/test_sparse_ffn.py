@@ -311,7 +311,7 @@ from tritonlab.tuning import ptxas_report
 
 dy, w, dx = (torch.empty(shape, dtype=torch.bfloat16) for shape in [(256, 256), (256, 384), (256, 384)])
 descriptors = [block_descriptor(dy, (s._WS_ROWS, s._WS_BLOCK_K)), block_descriptor(w, (s._WS_BLOCK_K, s._WS_BLOCK_N)),
-               block_descriptor(dx, (s._WS_ROWS, s._WS_BLOCK_N // 2))]
+               block_descriptor(dx, (s._WS_ROWS, s._WS_BLOCK_N))]
 sig = {name: mangle_type(d) for name, d in zip(["a_desc", "b_desc", "c_desc"], descriptors)}
 sig.update({"N_ROWS": "i32", "K": "i32", "D": "i32", "STAGES": "constexpr"})
 out = triton.compile(GluonASTSource(s._fixed_slice_matmul_ws_kernel, sig, {"STAGES": s._WS_STAGES}),
@@ -324,8 +324,8 @@ print(json.dumps({"shared": out.metadata.shared, "warps": out.metadata.num_warps
 
 @pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_the_gluon_kernel_builds_for_hopper_warp_specialised_within_its_shared_memory():
-    """Three MMA warpgroups and a load warp (16 warps, padded), bf16 wgmma 64 x 128, the 5-deep ring
-    within Hopper's shared memory (the store staged in it), no spills."""
+    """Three MMA warpgroups and a load warp (16 warps, padded), bf16 wgmma 64 x 128, the ring and
+    the store's staging tiles within Hopper's shared memory, no spills."""
     r = json.loads(run_without_interpreter(_GLUON_BUILD).stdout.strip().splitlines()[-1])
     assert r["warps"] == 16, r
     assert r["shared"] <= HOPPER_SHARED_MEMORY, r
