@@ -8,10 +8,8 @@ and the next one's start.
     PYTHONPATH=. python3 reports/data/05_fp8_attn/diagnostics/fp8_timeline.py [keys]
 """
 
-import importlib.util
 import pathlib
 import sys
-import tempfile
 
 MARK = """
 @gluon.jit
@@ -24,10 +22,6 @@ def _mark(DBG, slot, k):
 def _fp8_softmax_partition("""
 
 EDITS = [
-    ("from .._launch", "from tritonlab._launch"),
-    ("from .._runtime", "from tritonlab._runtime"),
-    ("from ..ops import", "from tritonlab.ops import"),
-    ("from .forward_hopper", "from tritonlab.attention.forward_hopper"),
     ("\n@gluon.jit\ndef _fp8_softmax_partition(", MARK),
     (
         "VS, VM, O, LSE,\n                           qk_scale,",
@@ -62,20 +56,12 @@ EDITS = [
 END = "stride_ob, stride_oh, stride_ol, b, h, bh, row_start, Lq)  # fmt: skip\n"
 
 
-def variant():
-    source = pathlib.Path("tritonlab/attention/fp8_hopper.py").read_text()
+def with_marks(source: str) -> str:
     for old, new in EDITS:
-        assert source.count(old) >= 1, old
+        assert old in source, old
         source = source.replace(old, new)
     assert source.count(END) == 1
-    source = source.replace(END, END + "    _mark(DBG, slot, 5)\n")
-    source += "\nDBG_BUFFER = [None]\n"
-    path = pathlib.Path(tempfile.mkdtemp()) / "fp8_hopper_timeline.py"
-    path.write_text(source)  # Gluon reads a kernel's source from its file
-    spec = importlib.util.spec_from_file_location("fp8_hopper_timeline", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return source.replace(END, END + "    _mark(DBG, slot, 5)\n") + "\nDBG_BUFFER = [None]\n"
 
 
 def main():
@@ -87,7 +73,10 @@ def main():
 
     B, H, LQ, D = 4, 8, 11_000, 64
     lk = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
-    timeline = variant()
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from patched import load_patched
+
+    timeline = load_patched("fp8_hopper.py", "fp8_hopper_timeline", with_marks)
 
     def strided(length):
         return (

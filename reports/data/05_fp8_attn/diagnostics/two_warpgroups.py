@@ -9,50 +9,39 @@ against the kernel as it is in alternating rounds at mid, large and mid-d128, be
 """
 
 import functools
-import importlib.util
 import pathlib
 import re
 import sys
-import tempfile
 
-IMPORTS = [
-    ("from .._launch", "from tritonlab._launch"),
-    ("from .._runtime", "from tritonlab._runtime"),
-    ("from ..ops import", "from tritonlab.ops import"),
-    ("from .forward_hopper", "from tritonlab.attention.forward_hopper"),
-    ("from ._common", "from tritonlab.attention._common"),
-]
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from patched import load_patched  # noqa: E402
 
 
 def two_warpgroups(name: str, partition: str, last_arg: str, regs: int):
-    source = pathlib.Path(f"tritonlab/attention/{name}.py").read_text()
-    edits = IMPORTS + [
-        ("NUM_CONSUMERS: gl.constexpr = 3", "NUM_CONSUMERS: gl.constexpr = 2"),
-        ("        [4, 4, 1],\n        [160, 160, 24],", f"        [4, 1],\n        [{regs}, 24],"),
-        ("BLOCK_M = ROWS_PER_WARPGROUP * SOFTMAX_WARPGROUPS", "BLOCK_M = ROWS_PER_WARPGROUP * 2"),
-    ]
-    for old, new in edits:
-        source = source.replace(old, new)
-    third = re.compile(rf"\n            \({partition}, \(q_bufs\.index\(2\).*?{last_arg}\)\),", re.DOTALL)
-    source, n = third.subn("", source)
-    assert n == 1, name
-    path = pathlib.Path(tempfile.mkdtemp()) / f"{name}_two.py"
-    path.write_text(source)  # Gluon reads a kernel's source from its file
-    spec = importlib.util.spec_from_file_location(f"{name}_two", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """``name``'s module with its third softmax partition taken out, ``regs`` for the other worker."""
+
+    def edit(source: str) -> str:
+        for old, new in [
+            ("NUM_CONSUMERS: gl.constexpr = 3", "NUM_CONSUMERS: gl.constexpr = 2"),
+            ("        [4, 4, 1],\n        [160, 160, 24],", f"        [4, 1],\n        [{regs}, 24],"),
+            ("BLOCK_M = ROWS_PER_WARPGROUP * SOFTMAX_WARPGROUPS", "BLOCK_M = ROWS_PER_WARPGROUP * 2"),
+        ]:
+            source = source.replace(old, new)
+        third = re.compile(rf"\n            \({partition}, \(q_bufs\.index\(2\).*?{last_arg}\)\),", re.DOTALL)
+        source, n = third.subn("", source)
+        assert n == 1, name
+        return source
+
+    return load_patched(f"{name}.py", f"{name}_two", edit)
 
 
 def main():
     import torch
-    from triton.testing import do_bench
-
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from gluon_fp8_configs import cudnn, rel
+    from patched import alternate, fp8_forward
 
     from common.attention_bench import make_inputs, tnp_case, with_head_dim
-    from tritonlab.attention import forward_hopper, fp8, fp8_hopper
+    from tritonlab.attention import forward_hopper, fp8_hopper
     from tritonlab.attention._common import LOG2E
     from tritonlab.attention.forward import _forward_outputs
 
@@ -60,11 +49,7 @@ def main():
     fp8_two = two_warpgroups("fp8_hopper", "_fp8_softmax_partition", "KV_BLOCK", regs)
     bf16_two = two_warpgroups("forward_hopper", "_softmax_partition", "CAUSAL", regs)
 
-    def fp8_run(module, q, k, v):
-        k8, ks, v8t, vs, vm = fp8._quantize_kv(k, v)
-        o, lse = _forward_outputs(q)
-        module.forward(q, k8, ks, v8t, vs, vm, o, lse, q.shape[-1] ** -0.5 * LOG2E, fp8.KV_BLOCK, k.shape[2])
-        return o
+    fp8_run = fp8_forward
 
     def bf16_run(module, q, k, v):
         o, lse = _forward_outputs(q)
@@ -86,15 +71,11 @@ def main():
                 f"{case.label} {kind}: rel err 3 warpgroups {rel(a, ref):.2e}, 2 warpgroups {rel(b, ref):.2e}",
                 flush=True,
             )
-            for r in range(rounds):
-                c = do_bench(functools.partial(cudnn, q, k, v), **reps)
-                t3 = do_bench(functools.partial(run, three, q, k, v), **reps)
-                t2 = do_bench(functools.partial(run, two, q, k, v), **reps)
-                print(
-                    f"{case.label} {kind} round {r}: cudnn {c:.3f} ms, 3 warpgroups {t3:.3f} ({c / t3:.3f}x), "
-                    f"2 warpgroups {t2:.3f} ({c / t2:.3f}x); 3 / 2 {t3 / t2:.3f}",
-                    flush=True,
-                )
+            alternate(
+                f"{case.label} {kind}", rounds, reps, functools.partial(cudnn, q, k, v),
+                {"3 warpgroups": functools.partial(run, three, q, k, v),
+                 "2 warpgroups": functools.partial(run, two, q, k, v)},
+            )  # fmt: skip
 
 
 if __name__ == "__main__":
