@@ -3,7 +3,7 @@
 - kernel cells (``part`` = "kernel"): the two dX GEMMs of the model's FFN layer at T = batch·seq
   rows, ``intermediate`` (dY (T, FFN) @ W (FFN, H)) and ``output`` (dY (T, H) @ W (H, FFN)), for
   N rows (a fraction of T, or a row count): ``ours`` (``fixed_slice_matmul``: the slice plus the
-  zero rows, one launch; its TMA kernel on Hopper), ``ours-pointer`` (the same with ``impl="pointer"``,
+  zero rows, one launch; on Hopper its TMA kernel, or its Gluon kernel where that fills one wave), ``ours-pointer`` (the same with ``impl="pointer"``,
   the kernel every other GPU runs), ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written) and
   ``cublas-full`` (on all of dY: what the unmodified backward does). Checked against the float32
   product of the slice first. ``ms`` is the GPU's time (each call queued behind a GPU sleep, so

@@ -133,7 +133,8 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "Times are medians (ms), ratios against rows of the same run.\n\n"
         "## The kernel alone\n\n`ours` = `fixed_slice_matmul` (slice + zero rows, one launch), "
         '`ours-pointer` = the same with `impl="pointer"` (the kernel GPUs without TMA run; `ours` takes the '
-        "TMA kernel on Hopper), `cublas-slice` = `dy[:N] @ w`, `cublas-full` = `dy @ w`; dY (rows, k) @ W (k, d). "
+        "TMA kernel on Hopper, or its Gluon kernel where 192 x 128 tiles fill one wave and mostly multiply), "
+        "`cublas-slice` = `dy[:N] @ w`, `cublas-full` = `dy @ w`; dY (rows, k) @ W (k, d). "
         "Each time "
         "is the GPU's: every call is queued behind a 1 ms GPU sleep, so the host's launch cost cannot "
         "leak into the interval; `host_ms` is what one call costs the CPU (rows that have it). Where "
