@@ -60,9 +60,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tuning, tuning_tables
 from ._gemm import compute_dtype, shared_memory_pruner
+from ._gluon import block_descriptor, mma_layout
 from ._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, tma_ok
 from ._runtime import INTERPRET, cdiv, sm_count
-from .attention.forward_hopper import block_descriptor, mma_layout
 from .checks import check_offset_range, check_same, check_tensor
 from .tuning import ConfigRecord, dot_precision
 

@@ -306,7 +306,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 from tritonlab import sparse_ffn as s
-from tritonlab.attention.forward_hopper import block_descriptor
+from tritonlab._gluon import block_descriptor
 from tritonlab.tuning import ptxas_report
 
 dy, w, dx = (torch.empty(shape, dtype=torch.bfloat16) for shape in [(256, 256), (256, 384), (256, 384)])

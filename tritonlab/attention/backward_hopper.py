@@ -45,10 +45,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .._gluon import mma_layout, shared_layout
 from .._launch import LaunchCache, first_launch, launch
 from .._runtime import cdiv
 from ._common import LOG2E
-from .forward_hopper import descriptor, mma_layout, shared_layout
+from .forward_hopper import descriptor
 
 ROWS = 64  # one warpgroup's MMA rows
 WARPGROUPS = 2

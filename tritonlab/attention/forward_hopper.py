@@ -37,14 +37,13 @@ Gluon kernels do not run in Triton's interpreter: ``forward.py``'s Triton kernel
 everywhere else, and this one is tested on the GPU and built for sm_90a on the CPU.
 """
 
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .._gluon import block_descriptor, mma_layout
 from .._launch import LaunchCache, first_launch, launch, tma_ok
 from .._runtime import INTERPRET, cdiv
 
@@ -52,12 +51,6 @@ GLUON_HEAD_DIMS = (64, 128)
 ROWS_PER_WARPGROUP = 64
 SOFTMAX_WARPGROUPS = 3
 BLOCK_M = ROWS_PER_WARPGROUP * SOFTMAX_WARPGROUPS
-
-
-@gluon.constexpr_function
-def mma_layout(n):
-    """A warpgroup's accumulator layout for 64 x n results (wgmma's m16 x n instructions)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
 
 @gluon.jit
@@ -297,26 +290,6 @@ def _attn_fwd_hopper_kernel(
 # 64-key tiles, where a softmax warpgroup's S, O and P fit without spilling (128-key tiles spill
 # 850 bytes a thread); 3 stages 1.02x cuDNN at mid against 0.87x with 2.
 CONFIGS = {64: (128, 3), 128: (64, 3)}
-
-
-def _gl_dtype(dtype: torch.dtype):
-    return {
-        torch.bfloat16: gl.bfloat16,
-        torch.float16: gl.float16,
-        torch.float32: gl.float32,
-        torch.float8_e4m3fn: gl.float8e4nv,
-    }[dtype]
-
-
-@functools.cache
-def shared_layout(block: tuple, dtype: torch.dtype):
-    # Built once per tile shape and dtype: a few microseconds of host time per descriptor otherwise.
-    return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
-
-
-def block_descriptor(t: torch.Tensor, block: tuple) -> TensorDescriptor:
-    """``t``'s TMA descriptor over its own shape and strides, tiles of ``block``."""
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), shared_layout(block, t.dtype))
 
 
 def descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:

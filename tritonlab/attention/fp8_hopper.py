@@ -49,17 +49,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .._gluon import block_descriptor, shared_layout
 from .._launch import LaunchCache, first_launch, launch
 from .._runtime import cdiv
 from ..ops import fp8 as ops_fp8
 from .forward_hopper import (
     ROWS_PER_WARPGROUP,
     SOFTMAX_WARPGROUPS,
-    block_descriptor,
     descriptor,
     load_q_tiles,
     ring_barriers,
-    shared_layout,
     store_rows,
 )
 

@@ -35,7 +35,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import torch
 from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, ROWS, _dkdv_kernel
-from tritonlab.attention.forward_hopper import shared_layout
+from tritonlab._gluon import shared_layout
 from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report
 

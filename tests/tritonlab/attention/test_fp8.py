@@ -551,7 +551,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 from tritonlab.attention.fp8 import KV_BLOCK
 from tritonlab.attention.fp8_hopper import CONFIGS, ROWS_PER_WARPGROUP, _fp8_attn_fwd_hopper_kernel
-from tritonlab.attention.forward_hopper import block_descriptor, descriptor, shared_layout
+from tritonlab._gluon import block_descriptor, shared_layout
+from tritonlab.attention.forward_hopper import descriptor
 from tritonlab.tuning import ptxas_report
 
 results = {}

@@ -12,10 +12,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from tritonlab._gluon import mma_layout
 from tritonlab.attention import attention
 from tritonlab.attention._common import LOG2E, backward_delta
 from tritonlab.attention.forward import attention_forward
-from tritonlab.attention.forward_hopper import descriptor, mma_layout
+from tritonlab.attention.forward_hopper import descriptor
 from tritonlab.testing import model_qkv
 
 
