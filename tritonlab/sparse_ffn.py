@@ -63,7 +63,7 @@ from ._gemm import compute_dtype, shared_memory_pruner
 from ._gluon import block_descriptor, mma_layout
 from ._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, tma_ok
 from ._runtime import INTERPRET, cdiv, sm_count
-from .checks import check_offset_range, check_same, check_tensor
+from .checks import check_choice, check_offset_range, check_same, check_tensor
 from .tuning import ConfigRecord, dot_precision
 
 __all__ = ["SlicedBackwardLinear", "fixed_slice_matmul", "replace_ffn", "sliced_backward_linear"]
@@ -431,11 +431,11 @@ def fixed_slice_matmul(
     sliced dX. ``impl``: "auto" takes, on a Hopper GPU, the Gluon kernel where its 192 x 128 tiles
     fit one wave and mostly multiply, else the TMA kernel where it can (see the module docstring);
     "pointer" never; "tma" wherever the operands allow it (the interpreter included, for tests);
-    "gluon" on a Hopper GPU wherever "tma" could run (a ValueError where they cannot). ``record`` receives the tiles the autotuner picked.
+    "gluon" on a Hopper GPU wherever "tma" could run (a ValueError where they cannot). ``record``
+    receives the tiles of the kernel that ran (the autotuner's pick, or the Gluon kernel's).
     Numerically wrong as a training gradient for any n_rows < T (see the module docstring).
     """
-    if impl not in IMPLS:
-        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    check_choice("impl", impl, IMPLS)
     check_tensor("dy", dy, ndim=2)
     check_tensor("w", w, ndim=2)
     check_same("w", w, "dy", dy, shape=False)

@@ -501,8 +501,9 @@ class _AttentionFunction(torch.autograd.Function):
 def _attention_ops(name: str, backward_fn, forward_fn=_checked_forward):
     """Register ``tritonlab::{name}_forward`` -> (o, lse) running ``forward_fn`` (checked q, k, v,
     scale) and ``tritonlab::{name}_backward`` -> (dQ, stacked dK and dV) running ``backward_fn``,
-    joined by an autograd formula; returns the forward op. The backward's dK and dV share one buffer, so they leave the op as one tensor (a
-    custom op's outputs may not alias one another) and are split by the formula."""
+    joined by an autograd formula; returns the forward op. The backward's dK and dV share one
+    buffer, so they leave the op as one tensor (a custom op's outputs may not alias one another)
+    and are split by the formula."""
 
     @torch.library.custom_op(f"tritonlab::{name}_forward", mutates_args=())
     def forward_op(
