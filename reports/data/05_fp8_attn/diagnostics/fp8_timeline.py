@@ -71,19 +71,12 @@ def main():
     from tritonlab.attention._common import LOG2E
     from tritonlab.attention.forward import _forward_outputs
 
-    B, H, LQ, D = 4, 8, 11_000, 64
     lk = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from fp8_mid_overheads import LQ, B, D, H, strided
     from patched import load_patched
 
     timeline = load_patched("fp8_hopper.py", "fp8_hopper_timeline", with_marks)
-
-    def strided(length):
-        return (
-            torch.randn(B, length, H * D, device="cuda", dtype=torch.bfloat16)
-            .view(B, length, H, D)
-            .transpose(1, 2)
-        )
 
     q, k, v = strided(LQ), strided(lk), strided(lk)
     programs = B * H * -(-LQ // timeline.BLOCK_M)

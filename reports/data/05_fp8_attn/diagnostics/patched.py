@@ -7,6 +7,7 @@ import tempfile
 
 # A module outside the package imports the library absolutely.
 ABSOLUTE_IMPORTS = [
+    ("from .._gluon", "from tritonlab._gluon"),
     ("from .._launch", "from tritonlab._launch"),
     ("from .._runtime", "from tritonlab._runtime"),
     ("from ..ops import", "from tritonlab.ops import"),
