@@ -163,6 +163,50 @@ def _fixed_slice_matmul_tma_kernel(
         dx_desc.store([(n_m + tile // n_n) * BLOCK_M, (tile % n_n) * BLOCK_N], zeros)
 
 
+@triton.jit
+def _fixed_slice_matmul_split_kernel(
+    dy_desc, w_desc, dx_desc, partials_ptr, arrivals_ptr, T, N_ROWS, K, D, SPLIT,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """Split-K for a short slice: the slice's tiles are too few to fill the GPU, so SPLIT programs
+    share each tile's K steps. Each stores its fp32 partial, then counts itself in at the tile's
+    arrival counter; the last to arrive sums the SPLIT partials in split order (deterministic,
+    whatever the arrival order), stores the tile and resets the counter to zero for the next launch.
+    The programs after the slice's store the zero tiles past it."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(N_ROWS, BLOCK_M)
+    n_n = tl.cdiv(D, BLOCK_N)
+    busy = n_m * n_n * SPLIT
+    if pid < busy:
+        tile = pid // SPLIT
+        split = pid % SPLIT
+        pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
+        n_k = tl.cdiv(K, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(split * n_k // SPLIT, (split + 1) * n_k // SPLIT):
+            a = dy_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
+            b = w_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        if SPLIT > 1:
+            offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            tile_partials = partials_ptr + tile.to(tl.int64) * SPLIT * BLOCK_M * BLOCK_N
+            tl.store(tile_partials + split * BLOCK_M * BLOCK_N + offs, acc)
+            tl.debug_barrier()  # every thread's partial is written before the release below
+            arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT):
+                    acc += tl.load(tile_partials + s * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")
+                tl.store(arrivals_ptr + tile, 0)
+                dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
+        else:
+            dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
+    else:
+        zero = pid - busy
+        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
+        dx_desc.store([(n_m + zero // n_n) * BLOCK_M, (zero % n_n) * BLOCK_N], zeros)
+
+
 # --- the warp-specialised Gluon kernel (Hopper): one output tile a program ---------------------------
 # A load warp streams dy's and w's K tiles into a ring (TMA); three warpgroups each multiply 64 of the
 # tile's 192 rows by its 128 columns (wgmma from shared memory), releasing a slot as soon as the
@@ -369,7 +413,93 @@ _fixed_slice_matmul_tma = tuning_tables.autotune(
     prune_configs_by={"early_config_prune": shared_memory_pruner(_tma_smem, "dy_desc")},
 )(_fixed_slice_matmul_tma_kernel)
 
-IMPLS = ("auto", "gluon", "tma", "pointer")
+# The split-K kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), each with every split count below;
+# splits that leave a program fewer than two K steps, or make more than two waves, are pruned per call.
+_SPLIT_TILES = [
+    (128, 128, 64, 4, 4),
+    (128, 128, 64, 8, 4),
+    (64, 128, 64, 4, 4),
+    (128, 64, 64, 4, 4),
+]
+_SPLITS = (1, 2, 3, 4, 6, 8)
+_CPU_SPLIT_TILES = [(32, 32, 32, 1, 1)]
+_CPU_SPLITS = (1, 3)
+
+
+def _split_configs(tiles, splits) -> list[triton.Config]:
+    return [
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M, "SPLIT": split},
+            num_warps=w, num_stages=s, pre_hook=_set_tma_blocks,
+        )
+        for m, n, k, w, s in tiles
+        for split in splits
+    ]  # fmt: skip
+
+
+def _split_programs(kw: dict, n_rows: int, d: int) -> int:
+    """The split kernel's programs that multiply, for a config's keyword arguments."""
+    return cdiv(n_rows, kw["BLOCK_M"]) * cdiv(d, kw["BLOCK_N"]) * kw["SPLIT"]
+
+
+def _sms(t: Tensor) -> int:
+    return sm_count(t.device) if t.is_cuda else 4  # the interpreter: a few programs a wave
+
+
+def _split_useful(config: triton.Config, n_rows: int, k: int, d: int, sms: int) -> bool:
+    """A split that gives each program two K steps or more, in at most two waves of the slice's tiles."""
+    split = config.kwargs["SPLIT"]
+    return split == 1 or (
+        2 * split <= cdiv(k, config.kwargs["BLOCK_K"])
+        and _split_programs(config.kwargs, n_rows, d) <= 2 * sms
+    )
+
+
+def _split_prune(configs, named_args, **kwargs):
+    fitting = shared_memory_pruner(_smem, "dy_desc")(configs, named_args, **kwargs)
+    sms = _sms(named_args["dy_desc"].base)
+    n_rows, k, d = named_args["N_ROWS"], named_args["K"], named_args["D"]
+    useful = [c for c in fitting if _split_useful(c, n_rows, k, d, sms)]
+    # The interpreter cannot time: it runs the largest useful split (tests pick K for 1 or 3).
+    return useful[-1:] if INTERPRET else useful
+
+
+_SPLIT_CONFIGS = (
+    _split_configs(_CPU_SPLIT_TILES, _CPU_SPLITS) if INTERPRET else _split_configs(_SPLIT_TILES, _SPLITS)
+)
+_fixed_slice_matmul_split = tuning_tables.autotune(
+    _SPLIT_CONFIGS,
+    name="sparse_ffn.fixed_slice_matmul_split",
+    phase="sparse_ffn",
+    key=["T", "N_ROWS", "K", "D"],
+    dtype_arg="dy_desc",
+    buckets={"T": tuning_tables.pow2_bucket, "N_ROWS": tuning_tables.pow2_bucket},
+    runs_on_sm80=lambda config: False,
+    prune_configs_by={"early_config_prune": _split_prune},
+)(_fixed_slice_matmul_split_kernel)
+
+
+class SplitArrivals:
+    """The split-K kernel's arrival counters: zeroed int32s, one per output tile, per (device, stream).
+    The last program to arrive at a tile resets its counter, so a buffer stays zeroed from launch to
+    launch and is allocated (and zeroed) once; one per stream, since launches on two streams may
+    overlap on the GPU."""
+
+    def __init__(self):
+        self._buffers: dict = {}
+
+    def get(self, device: torch.device, count: int) -> Tensor:
+        stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+        buffer = self._buffers.get((device, stream))
+        if buffer is None or buffer.numel() < count:
+            buffer = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+            self._buffers[(device, stream)] = buffer
+        return buffer
+
+
+_ARRIVALS = SplitArrivals()
+
+IMPLS = ("auto", "gluon", "split", "tma", "pointer")
 # Per call signature (dy's and w's layouts, n_rows, the kernel; the dot precision, which follows
 # torch's float32 setting): the compiled pick, launched directly after the signature's first call.
 # Triton's autotuner and launcher cost about 0.1 ms of host time a call (phase sparse_ffn's host_ms).
@@ -409,6 +539,11 @@ def _gluon_preferred(dy: Tensor, w: Tensor, n_rows: int) -> bool:
         and _ws_tiles(dy.shape[0], D) <= sms
         and _ws_tiles(n_rows, D) >= _WS_MIN_BUSY * sms
     )
+
+
+def _split_preferred(dy: Tensor, w: Tensor, n_rows: int) -> bool:
+    """Where "auto" takes the split-K kernel: a slice whose 128 x 128 tiles fill at most half a wave."""
+    return cdiv(n_rows, 128) * cdiv(w.shape[1], 128) <= _sms(dy) // 2
 
 
 def _check_n_rows(n_rows, rows: int | None = None) -> int:
@@ -466,24 +601,29 @@ def fixed_slice_matmul(
                 f"gluon:BLOCK_M={_WS_WARPGROUPS * _WS_ROWS},BLOCK_N={_WS_BLOCK_N},BLOCK_K={_WS_BLOCK_K},stages={_WS_STAGES}",
             )
         return dx
-    if impl == "tma" and not _tma_usable(dy, w, n_rows):
+    if impl in ("tma", "split") and not _tma_usable(dy, w, n_rows):
         raise ValueError(
-            "impl: 'tma' needs bf16/fp16 operands with unit inner strides, 16-byte aligned rows and "
+            f"impl: {impl!r} needs bf16/fp16 operands with unit inner strides, 16-byte aligned rows and "
             f"n_rows > 0 (got {dy.dtype}, dy strides {dy.stride()}, w strides {w.stride()}, n_rows {n_rows})"
         )
-    use_tma = impl == "tma" or (
+    hopper_tma = (
         impl == "auto"
         and not INTERPRET
         and torch.cuda.get_device_capability(dy.device)[0] >= 9
         and _tma_usable(dy, w, n_rows)
     )
+    use_split = impl == "split" or (hopper_tma and _split_preferred(dy, w, n_rows))
+    use_tma = impl == "tma" or (hopper_tma and not use_split)
 
     def grid(meta):
+        if "SPLIT" in meta:
+            zero_tiles = (cdiv(T, meta["BLOCK_M"]) - cdiv(n_rows, meta["BLOCK_M"])) * cdiv(D, meta["BLOCK_N"])
+            return (_split_programs(meta, n_rows, D) + zero_tiles,)
         tiles = cdiv(T, meta["BLOCK_M"]) * cdiv(D, meta["BLOCK_N"])
         return (min(tiles, sm_count(dy.device)) if meta.get("PERSISTENT") else tiles,)
 
-    if use_tma:
-        key = (signature_key(dy, w), n_rows, "tma")
+    if use_tma or use_split:
+        key = (signature_key(dy, w), n_rows, "split" if use_split else "tma")
         # The descriptors' block shapes are the pick's; before the first launch of a signature they
         # are placeholders, which each config's pre_hook sets while the autotuner runs.
         config = None if INTERPRET else _LAUNCHES.info(key)
@@ -493,7 +633,23 @@ def fixed_slice_matmul(
             TensorDescriptor.from_tensor(w, [k, n]),
             TensorDescriptor.from_tensor(dx, [m, n]),
         )
-        kernel, shape_args, meta = _fixed_slice_matmul_tma, (T, n_rows, K, D), {}
+        shape_args = (T, n_rows, K, D)
+        kernel, meta = _fixed_slice_matmul_tma, {}
+        if use_split:
+            # fp32 partials for the pick's programs (before the first launch, for every candidate's)
+            candidates = (
+                [config]
+                if config
+                else [c for c in _SPLIT_CONFIGS if _split_useful(c, n_rows, K, D, _sms(dy))]
+            )
+            floats = max(
+                _split_programs(c.kwargs, n_rows, D) * c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"]
+                for c in candidates
+            )
+            tiles = max(cdiv(n_rows, c.kwargs["BLOCK_M"]) * cdiv(D, c.kwargs["BLOCK_N"]) for c in candidates)
+            partials = torch.empty(floats, dtype=torch.float32, device=dy.device)
+            tensors += (partials, _ARRIVALS.get(dy.device, tiles))
+            kernel = _fixed_slice_matmul_split
     else:
         precision = dot_precision(dy.dtype)
         key = (signature_key(dy, w), n_rows, precision)

@@ -425,6 +425,10 @@ class TableAutotuner(Autotuner):
                 return self.prune_configs(kwargs)[0]
 
             config = self.tuner.resolve(self, key, gpu, dtype, default)
+            if config is None:
+                self.nargs = dict(zip(self.arg_names, args, strict=False))
+                candidates = self.prune_configs(kwargs)
+                config = candidates[0] if len(candidates) == 1 else None  # nothing to time
             if config is not None:
                 self.cache[triton_key] = config
             else:

@@ -69,6 +69,28 @@ def test_tma_kernel_against_float64_with_exact_zeros_past_the_slice(T, K, D, whi
     assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[torch.float16]
 
 
+@pytest.mark.parametrize(
+    ("T", "K", "D", "n_rows", "split"),
+    [(45, 200, 24, 20, 3), (45, 200, 24, 45, 3), (9, 200, 40, 1, 3), (70, 160, 56, 69, 1), (1, 96, 8, 1, 1)],
+)  # fmt: skip
+def test_split_kernel_against_float64_with_exact_zeros_past_the_slice(T, K, D, n_rows, split):
+    """Split-K (in the interpreter the largest split that gives each program two K steps in at most two
+    waves: 3, or 1): the partials sum to the product, the zero tiles past the slice are stored, and
+    the last program to arrive leaves its tile's counter at zero for the next launch."""
+    from tritonlab.sparse_ffn import _ARRIVALS
+    from tritonlab.tuning import ConfigRecord
+
+    dy, w = make((T, K), torch.float16, 0), make((K, D), torch.float16, 1)
+    for _ in range(2):  # the second launch finds the counters the first left
+        record = ConfigRecord()
+        with poisoned_empty():
+            dx = fixed_slice_matmul(dy, w, n_rows, impl="split", record=record)
+        assert f"SPLIT={split}," in record.picked["fixed_slice_matmul"], record.picked
+        assert (dx[n_rows:] == 0).all()
+        assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[torch.float16]
+        assert all((buffer == 0).all() for buffer in _ARRIVALS._buffers.values())
+
+
 def test_impl_chooses_the_kernel():
     from tritonlab.tuning import ConfigRecord
 
@@ -80,9 +102,11 @@ def test_impl_chooses_the_kernel():
         assert rel_err(dx[:20], sliced_reference(dy, w, 20)[:20]) < TOL[torch.float16]
         picked[impl] = record.picked["fixed_slice_matmul"]
     assert "PERSISTENT" in picked["tma"] and "PERSISTENT" not in picked["pointer"]
-    assert ("PERSISTENT" in picked["auto"]) == (
+    # a slice of one 128 x 128 tile: split-K on Hopper, the pointer kernel elsewhere
+    assert ("SPLIT" in picked["auto"]) == (
         DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
     )
+    assert "PERSISTENT" not in picked["auto"]
 
 
 def test_tma_kernel_refuses_what_a_descriptor_cannot_address():
@@ -92,6 +116,8 @@ def test_tma_kernel_refuses_what_a_descriptor_cannot_address():
         lambda: fixed_slice_matmul(dy, w, 0, impl="tma"),  # an empty slice
         lambda: fixed_slice_matmul(make((10, 15), torch.float16, 2), w[:15], 3, impl="tma"),  # 30-byte rows
         lambda: fixed_slice_matmul(dy, w[:, :7], 3, impl="tma"),  # 14-byte rows of dx
+        lambda: fixed_slice_matmul(dy, w, 0, impl="split"),  # the split kernel reads dy by descriptor too
+        lambda: fixed_slice_matmul(dy.float(), w.float(), 3, impl="split"),
     ]:
         with pytest.raises(ValueError, match="impl"):
             call()
@@ -299,6 +325,43 @@ def test_every_tma_tile_builds_for_hopper_within_its_shared_memory_and_without_s
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
 
 
+_SPLIT_BUILD = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tritonlab import sparse_ffn
+from tritonlab.tuning import ptxas_report
+
+results = []
+for m, n, k, w, s in sparse_ffn._SPLIT_TILES:
+    sig = {"dy_desc": f"tensordesc<bf16[{m}, {k}]>", "w_desc": f"tensordesc<bf16[{k}, {n}]>",
+           "dx_desc": f"tensordesc<bf16[{m}, {n}]>", "partials_ptr": "*fp32", "arrivals_ptr": "*i32",
+           "T": "i32", "N_ROWS": "i32", "K": "i32", "D": "i32", "SPLIT": "i32"}
+    consts = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}
+    sig.update({name: "constexpr" for name in consts})
+    out = triton.compile(ASTSource(sparse_ffn._fixed_slice_matmul_split_kernel, sig, consts),
+                         target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": s})
+    config = sparse_ffn._split_configs([(m, n, k, w, s)], (2,))[0]
+    results.append({"tile": [m, n, k, w, s], "shared": out.metadata.shared,
+                    "estimate": sparse_ffn._smem(config, 2), **ptxas_report(out.asm["ptx"], "sm_90a")})
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
+def test_every_split_tile_builds_for_hopper_within_its_shared_memory_and_without_spills():
+    """The split kernel's sm_90a builds: the pipelined input tiles are its shared memory (the epilogue
+    reuses them), as the pruner estimates to 0.1%; nothing spills."""
+    results = json.loads(run_without_interpreter(_SPLIT_BUILD).stdout.strip().splitlines()[-1])
+    assert len(results) == 4
+    for r in results:
+        assert (
+            r["shared"] <= HOPPER_SHARED_MEMORY and abs(r["shared"] - r["estimate"]) <= 0.001 * r["shared"]
+        ), r
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+
+
 _GLUON_BUILD = r"""
 import json, re
 import torch, triton
@@ -382,10 +445,12 @@ def test_gpu_auto_takes_the_gluon_kernel_where_its_tiles_fill_one_wave():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(("K", "D"), [(3072, 768), (768, 3072)])
 @pytest.mark.parametrize("fraction", [0, 1 / 8, 1 / 2, 1])
-@pytest.mark.parametrize("impl", ["auto", "pointer"])
+@pytest.mark.parametrize("impl", ["auto", "pointer", "split"])
 def test_gpu_kernel_at_bert_base_shapes(dtype, K, D, fraction, impl):
     T = 32 * 128 + 5  # a ragged last row block
     n_rows = int(T * fraction)
+    if impl == "split" and (dtype == torch.float32 or n_rows == 0):
+        pytest.skip("the split kernel takes 16-bit operands and a slice that is not empty")
     dy, w = make((T, K), dtype, 0), make((K, D), dtype, 1)
     with poisoned_empty():
         dx = fixed_slice_matmul(dy, w, n_rows, impl=impl)

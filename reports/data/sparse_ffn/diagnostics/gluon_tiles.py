@@ -2,15 +2,20 @@
 3 072 x 768, N = all rows, bf16), against cuBLAS on the slice, GPU time (each call behind a 1 ms GPU
 sleep, as the phase times it), two rounds each.
 
-    PYTHONPATH=. python3 reports/data/sparse_ffn/diagnostics/gluon_tiles.py
+    PYTHONPATH=. python3 reports/data/sparse_ffn/diagnostics/gluon_tiles.py   (CONFIGS="64x4,64x5")
 """
+
+import os
 
 import torch
 
 from common.timing import bench
 from tritonlab import sparse_ffn
 
-CONFIGS = [(64, 4), (64, 3), (128, 2)]  # (BLOCK_K, STAGES): the ring, then the store's staging, fit 227 KB
+# (BLOCK_K, STAGES): the ring, then the store's staging, fit 227 KB; CONFIGS="64x4,64x5" picks others
+CONFIGS = [
+    tuple(int(v) for v in c.split("x")) for c in os.environ.get("CONFIGS", "64x4,64x3,128x2").split(",")
+]
 
 
 def main():
