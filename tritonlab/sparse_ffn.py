@@ -24,10 +24,15 @@ t = b·S + s, so the first N rows are the first N/S sequences of the batch -- W 
   store), dy, w and dx read and written through host tensor descriptors. dy's descriptor spans the
   first n_rows rows only, so the straddling block reads zeros past the slice without masks; the
   tiles past it are stored as zeros in a second loop. Its tuning also covers one program per tile.
-  Where 192 x 128 output tiles fill one wave of the GPU and most of them multiply (bert-base's
-  4 096 x 768 intermediate dX: 132 tiles on 132 SMs, against 1.45 waves of 128 x 128), a third
-  kernel runs, in Gluon: a TMA load warp and three wgmma warpgroups of 64 rows over a 4-deep ring,
-  the tile stored by TMA (0.92x cuBLAS there on the H100 against 0.77x; phase sparse_ffn's README).
+  A short slice leaves most SMs idle in that kernel; there a third kernel splits K: SPLIT programs
+  share a tile's K steps, each stores an fp32 partial, and the last to arrive (an atomic counter per
+  tile) sums the partials in split order -- deterministic -- stores the tile and resets the counter;
+  the zero tiles past the slice are programs of the same launch. Its tuning covers SPLIT = 1 too.
+  Over a long K, where the slice's 192 x 128 tiles make 0.75 to 2 waves (bert-base's 4 096 x 768
+  intermediate dX at N = all: 132 tiles on 132 SMs, against 1.45 waves of 128 x 128), a fourth kernel
+  runs, in Gluon: a TMA load warp and three wgmma warpgroups of 64 rows over a 5-deep ring, each
+  warpgroup's tile stored by TMA from its own spent ring slots (phase sparse_ffn's README has the
+  measured rules and ratios).
 - ``SlicedBackwardLinear``: an ``nn.Linear`` (sharing the original layer's parameters) whose forward
   is exactly ``F.linear`` and whose backward computes dX with ``fixed_slice_matmul``.
   **dW is computed from the full dY**, as usual: the study is about what restricting dX buys, so
@@ -232,7 +237,7 @@ def _ws_load(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES
 
 
 @gluon.jit
-def _ws_mma(a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.constexpr,
+def _ws_mma(a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.constexpr,
             WARPGROUPS: gl.constexpr):  # fmt: skip
     """Warpgroup ``WG``'s 64 rows of the tile: the K loop (none past the slice: zeros), then dx."""
     STAGES: gl.constexpr = b_bufs.shape[0]
@@ -247,11 +252,19 @@ def _ws_mma(a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.
         if i > 0:
             mbarrier.arrive(empty.index((i - 1) % STAGES), count=1)
     acc = warpgroup_mma_wait(0, deps=[acc])
-    # Through shared memory and one TMA store, which clips rows past T and columns past D.
-    c_smem = c_bufs.index(WG)
-    c_smem.store(acc.to(c_desc.dtype))
+    # Stored by TMA from shared memory (which clips rows past T and columns past D), staged in this
+    # warpgroup's own dy slots of stages 0 and 1: only its products read them, all are done, and no
+    # load is left to write them. One 64-column half a slot; the staging needs no memory of its own,
+    # which leaves room for the ring's fifth stage.
+    halves = acc.to(c_desc.dtype).reshape([ROWS, 2, BLOCK_N // 2]).permute((0, 2, 1))
+    low, high = gl.split(halves)
+    a_bufs.index(WG).store(low)
+    a_bufs.index(WARPGROUPS + WG).store(high)
     fence_async_shared()
-    tma.async_copy_shared_to_global(c_desc, [row + WG * ROWS, col], c_smem)
+    tma.async_copy_shared_to_global(c_desc, [row + WG * ROWS, col], a_bufs.index(WG))
+    tma.async_copy_shared_to_global(
+        c_desc, [row + WG * ROWS, col + BLOCK_N // 2], a_bufs.index(WARPGROUPS + WG)
+    )
     tma.store_wait(0)
 
 
@@ -263,6 +276,7 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     WARPGROUPS: gl.constexpr = 3  # the three _ws_mma partitions below
+    gl.static_assert(c_desc.block_type.shape[1] * 2 == BLOCK_N and STAGES >= 2)  # the staging in _ws_mma
     n_n = gl.cdiv(D, BLOCK_N)
     pid = gl.program_id(0)
     row = (pid // n_n) * (WARPGROUPS * ROWS)
@@ -272,7 +286,6 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
         a_desc.dtype, [STAGES * WARPGROUPS] + a_desc.block_type.shape, a_desc.layout
     )
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [WARPGROUPS] + c_desc.block_type.shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -280,9 +293,9 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
         mbarrier.init(empty.index(i), count=WARPGROUPS)  # every warpgroup's product reads the slot
     gl.warp_specialize(
         [
-            (_ws_mma, (a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, 0, WARPGROUPS)),
-            (_ws_mma, (a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, 1, WARPGROUPS)),
-            (_ws_mma, (a_bufs, b_bufs, c_bufs, ready, empty, c_desc, row, col, n_k, 2, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 0, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 1, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 2, WARPGROUPS)),
             (_ws_load, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES, WARPGROUPS)),
         ],
         [4, 4, 1],
@@ -290,13 +303,13 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
     )  # fmt: skip
 
 
-# The Gluon kernel's tile: 3 x 64 rows, 128 columns, K by 64, a 4-deep ring (160 KB of shared memory,
-# and 48 KB to stage the tile's store).
-_WS_ROWS, _WS_WARPGROUPS, _WS_BLOCK_N, _WS_BLOCK_K, _WS_STAGES = 64, 3, 128, 64, 4
-# Where "auto" takes it: one wave of tiles, most of them multiplying (measured where that holds:
-# bert-base's intermediate dX at 4 096 rows; many waves, or a short slice, ran faster in the
-# Triton kernels' tuned tiles).
-_WS_MIN_BUSY = 0.75
+# The Gluon kernel's tile: 3 x 64 rows, 128 columns, K by 64, a 5-deep ring (200 KB of shared memory).
+_WS_ROWS, _WS_WARPGROUPS, _WS_BLOCK_N, _WS_BLOCK_K, _WS_STAGES = 64, 3, 128, 64, 5
+# Where "auto" takes it (measured at bert-base's dX GEMMs on the H100, diagnostics/split_k/): the
+# slice's 192 x 128 tiles make between 0.75 and 2 waves, over a long K (3 072: at K = 768 the Triton
+# kernels' tiles ran faster at every N). At 16 384 rows, N = 4 096 (132 tiles) 40.1 us against the TMA
+# kernel's 46.3, at N = 8 192 63.9 against 71.3; at N = 16 384 (3.9 waves) 118.2 against 114.3.
+_WS_MIN_WAVES, _WS_MAX_WAVES, _WS_MIN_K = 0.75, 2.0, 2048
 
 
 def _ws_tiles(rows: int, d: int) -> int:
@@ -309,7 +322,7 @@ def _fixed_slice_matmul_ws(dy: Tensor, w: Tensor, dx: Tensor, n_rows: int) -> No
     descriptors = (
         block_descriptor(dy[:n_rows], (_WS_ROWS, _WS_BLOCK_K)),
         block_descriptor(w, (_WS_BLOCK_K, _WS_BLOCK_N)),
-        block_descriptor(dx, (_WS_ROWS, _WS_BLOCK_N)),
+        block_descriptor(dx, (_WS_ROWS, _WS_BLOCK_N // 2)),  # the store's halves, staged in dy's slots
     )
     _WS_LAUNCHES.launch(
         (signature_key(dy, w, dx), n_rows), descriptors, _fixed_slice_matmul_ws_kernel, (_ws_tiles(T, D),),
@@ -531,19 +544,22 @@ def _gluon_usable(dy: Tensor, w: Tensor, n_rows: int) -> bool:
 
 
 def _gluon_preferred(dy: Tensor, w: Tensor, n_rows: int) -> bool:
-    """Where "auto" takes the Gluon kernel: its tiles fit one wave and most of them multiply."""
-    sms = sm_count(dy.device)
-    D = w.shape[1]
+    """Where "auto" takes the Gluon kernel: a long K and a slice of 0.75 to 2 waves of its tiles."""
+    waves = _ws_tiles(n_rows, w.shape[1]) / _sms(dy)
     return (
-        _gluon_usable(dy, w, n_rows)
-        and _ws_tiles(dy.shape[0], D) <= sms
-        and _ws_tiles(n_rows, D) >= _WS_MIN_BUSY * sms
+        _gluon_usable(dy, w, n_rows) and dy.shape[1] >= _WS_MIN_K and _WS_MIN_WAVES <= waves <= _WS_MAX_WAVES
     )
 
 
+# Where "auto" takes the split-K kernel: a slice of at most 1.5 waves of 128 x 128 tiles, where the
+# persistent kernel's tiles leave SMs idle (diagnostics/split_k/, H100: bert-base's intermediate dX
+# at 4 096 rows, N = 256-1 024, 18.5-23.2 us against 24.1-24.8; the output dX at N = 512-1 024,
+# 15.9-18.1 against 18.1-21.2; at 384 tiles 27.6 against 24.9).
+_SPLIT_MAX_WAVES = 1.5
+
+
 def _split_preferred(dy: Tensor, w: Tensor, n_rows: int) -> bool:
-    """Where "auto" takes the split-K kernel: a slice whose 128 x 128 tiles fill at most half a wave."""
-    return cdiv(n_rows, 128) * cdiv(w.shape[1], 128) <= _sms(dy) // 2
+    return cdiv(n_rows, 128) * cdiv(w.shape[1], 128) <= _SPLIT_MAX_WAVES * _sms(dy)
 
 
 def _check_n_rows(n_rows, rows: int | None = None) -> int:
@@ -563,9 +579,10 @@ def fixed_slice_matmul(
 
     dy (T, K) and w (K, D) of one dtype (bf16, fp16 or fp32) on one device, any strides; n_rows in
     [0, T]. For a linear layer's weight W (D_OUT, D_IN), ``fixed_slice_matmul(dy, W, n)`` is the
-    sliced dX. ``impl``: "auto" takes, on a Hopper GPU, the Gluon kernel where its 192 x 128 tiles
-    fit one wave and mostly multiply, else the TMA kernel where it can (see the module docstring);
-    "pointer" never; "tma" wherever the operands allow it (the interpreter included, for tests);
+    sliced dX. ``impl``: "auto" takes, on a Hopper GPU, the Gluon kernel over a long K where its
+    192 x 128 tiles make 0.75 to 2 waves, the split-K kernel where the slice's 128 x 128 tiles make at
+    most 1.5 waves, else the TMA kernel where it can (see the module docstring); "pointer" never;
+    "tma" and "split" wherever the operands allow them (the interpreter included, for tests);
     "gluon" on a Hopper GPU wherever "tma" could run (a ValueError where they cannot). ``record``
     receives the tiles of the kernel that ran (the autotuner's pick, or the Gluon kernel's).
     Numerically wrong as a training gradient for any n_rows < T (see the module docstring).

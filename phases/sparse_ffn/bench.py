@@ -3,8 +3,10 @@
 - kernel cells (``part`` = "kernel"): the two dX GEMMs of the model's FFN layer at T = batch·seq
   rows, ``intermediate`` (dY (T, FFN) @ W (FFN, H)) and ``output`` (dY (T, H) @ W (H, FFN)), for
   N rows (a fraction of T, or a row count): ``ours`` (``fixed_slice_matmul``: the slice plus the
-  zero rows, one launch; on Hopper its TMA kernel, or its Gluon kernel where that fills one wave), ``ours-pointer`` (the same with ``impl="pointer"``,
-  the kernel every other GPU runs), ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written) and
+  zero rows, one launch; on Hopper its TMA, split-K or Gluon kernel), ``ours-pointer`` (the same with ``impl="pointer"``,
+  the kernel every other GPU runs), ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written),
+  ``cublas-slice-zeros`` (the same output as ours, made by torch: the rows past N zeroed, then cuBLAS
+  writes the slice in place) and
   ``cublas-full`` (on all of dY: what the unmodified backward does). Checked against the float32
   product of the slice first. ``ms`` is the GPU's time (each call queued behind a GPU sleep, so
   the host's launch cost stays out of it); ``host_ms`` what one call costs the CPU, ``device_ms``
@@ -43,7 +45,7 @@ GPU_SHAPES = ("32x128", "32x512", "8x512")
 CPU_MAX_ROWS = 128  # batch·seq the interpreter finishes in seconds with the tiny model
 FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0)
 PARTS = ("kernel", "model")
-KERNEL_VARIANTS = ("ours", "ours-pointer", "cublas-slice", "cublas-full")
+KERNEL_VARIANTS = ("ours", "ours-pointer", "cublas-slice", "cublas-slice-zeros", "cublas-full")
 KERNEL_HEAD_START_MS = 1.0  # longer than any variant's host time per call (host_ms)
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 PROFILE_TOP = 15
@@ -185,6 +187,15 @@ def kernel_cells(
                     yield Cell(variant, label, dtype_name(dtype), _kernel_run(variant, dy, w, n), cols)
 
 
+def _slice_and_zeros(dy, w, n: int):
+    """The output ``fixed_slice_matmul`` makes, made by torch: zero the rows past the slice, then
+    cuBLAS writes the slice's product in place."""
+    dx = torch.empty(dy.shape[0], w.shape[1], device=dy.device, dtype=dy.dtype)
+    dx[n:].zero_()
+    torch.mm(dy[:n], w, out=dx[:n])
+    return dx
+
+
 def _kernel_run(variant: str, dy, w, n: int):
     def run() -> dict:
         record = ConfigRecord()
@@ -192,10 +203,11 @@ def _kernel_run(variant: str, dy, w, n: int):
             "ours": lambda: fixed_slice_matmul(dy, w, n, record=record),
             "ours-pointer": lambda: fixed_slice_matmul(dy, w, n, impl="pointer", record=record),
             "cublas-slice": lambda: dy[:n] @ w,
+            "cublas-slice-zeros": lambda: _slice_and_zeros(dy, w, n),
             "cublas-full": lambda: dy @ w,
         }[variant]
         out = fn()
-        if variant.startswith("ours"):
+        if variant.startswith("ours") or variant == "cublas-slice-zeros":
             assert (out[n:] == 0).all(), "rows past n_rows are not zero"
         if n and variant != "cublas-full":
             ref = dy[:n].float() @ w.float()

@@ -37,6 +37,8 @@ def _kernel_table(df: pd.DataFrame) -> str:
     wide = k.pivot_table(index=cell, columns="variant", values="ms", aggfunc="median").reset_index()
     if {"ours", "cublas-slice"} <= set(wide.columns):
         wide["slice_ms / ours_ms"] = wide["cublas-slice"] / wide["ours"]
+    if {"ours", "cublas-slice-zeros"} <= set(wide.columns):
+        wide["slice_zeros_ms / ours_ms"] = wide["cublas-slice-zeros"] / wide["ours"]
     if {"ours", "cublas-full"} <= set(wide.columns):
         wide["full_ms / ours_ms"] = wide["cublas-full"] / wide["ours"]
     if {"ours-pointer", "cublas-slice"} <= set(wide.columns):
@@ -133,8 +135,11 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "Times are medians (ms), ratios against rows of the same run.\n\n"
         "## The kernel alone\n\n`ours` = `fixed_slice_matmul` (slice + zero rows, one launch), "
         '`ours-pointer` = the same with `impl="pointer"` (the kernel GPUs without TMA run; `ours` takes the '
-        "TMA kernel on Hopper, or its Gluon kernel where 192 x 128 tiles fill one wave and mostly multiply), "
-        "`cublas-slice` = `dy[:N] @ w`, `cublas-full` = `dy @ w`; dY (rows, k) @ W (k, d). "
+        "TMA kernel on Hopper, its split-K kernel for a short slice, or its Gluon kernel over a long K where "
+        "192 x 128 tiles make 0.75 to 2 waves), "
+        "`cublas-slice` = `dy[:N] @ w`, `cublas-slice-zeros` = the same output as ours made by torch "
+        "(`dx[N:].zero_()`, then `torch.mm(dy[:N], w, out=dx[:N])`), `cublas-full` = `dy @ w`; "
+        "dY (rows, k) @ W (k, d). "
         "Each time "
         "is the GPU's: every call is queued behind a 1 ms GPU sleep, so the host's launch cost cannot "
         "leak into the interval; `host_ms` is what one call costs the CPU (rows that have it). Where "

@@ -374,7 +374,7 @@ from tritonlab.tuning import ptxas_report
 
 dy, w, dx = (torch.empty(shape, dtype=torch.bfloat16) for shape in [(256, 256), (256, 384), (256, 384)])
 descriptors = [block_descriptor(dy, (s._WS_ROWS, s._WS_BLOCK_K)), block_descriptor(w, (s._WS_BLOCK_K, s._WS_BLOCK_N)),
-               block_descriptor(dx, (s._WS_ROWS, s._WS_BLOCK_N))]
+               block_descriptor(dx, (s._WS_ROWS, s._WS_BLOCK_N // 2))]
 sig = {name: mangle_type(d) for name, d in zip(["a_desc", "b_desc", "c_desc"], descriptors)}
 sig.update({"N_ROWS": "i32", "K": "i32", "D": "i32", "STAGES": "constexpr"})
 out = triton.compile(GluonASTSource(s._fixed_slice_matmul_ws_kernel, sig, {"STAGES": s._WS_STAGES}),
@@ -387,8 +387,8 @@ print(json.dumps({"shared": out.metadata.shared, "warps": out.metadata.num_warps
 
 @pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_the_gluon_kernel_builds_for_hopper_warp_specialised_within_its_shared_memory():
-    """Three MMA warpgroups and a load warp (16 warps, padded), bf16 wgmma 64 x 128, the ring and
-    the store's staging tiles within Hopper's shared memory, no spills."""
+    """Three MMA warpgroups and a load warp (16 warps, padded), bf16 wgmma 64 x 128, the 5-deep ring
+    within Hopper's shared memory (the store staged in it), no spills."""
     r = json.loads(run_without_interpreter(_GLUON_BUILD).stdout.strip().splitlines()[-1])
     assert r["warps"] == 16, r
     assert r["shared"] <= HOPPER_SHARED_MEMORY, r
@@ -428,17 +428,26 @@ def test_gpu_gluon_kernel_against_float64_with_exact_zeros_past_the_slice(dtype,
 
 
 @pytest.mark.gpu
-def test_gpu_auto_takes_the_gluon_kernel_where_its_tiles_fill_one_wave():
+def test_gpu_auto_takes_gluon_over_a_long_k_and_split_k_for_a_short_slice():
     from tritonlab._runtime import sm_count
     from tritonlab.tuning import ConfigRecord
 
     if torch.cuda.get_device_capability()[0] != 9 or sm_count() < 132:
         pytest.skip("an H100/H200: 132 SMs")
     dy, w = make((4096, 3072), torch.bfloat16, 0), make((3072, 768), torch.bfloat16, 1)
-    for n_rows, gluon in [(4096, True), (2048, False)]:  # 132 tiles, 66 of them multiplying
+    # 192 x 128 tiles of the slice: 132 (one wave), 66 (0.5: 128 x 128 split-K tiles, 48 of them at
+    # N = 1 024); over K = 768 never Gluon
+    for n_rows, kernel in [
+        (4096, "gluon:"),
+        (2048, "BLOCK_M=128,BLOCK_N=128,BLOCK_K=64,GROUP_M=8,PERSISTENT"),
+        (1024, "SPLIT"),
+    ]:
         record = ConfigRecord()
         fixed_slice_matmul(dy, w, n_rows, record=record)
-        assert record.picked["fixed_slice_matmul"].startswith("gluon:") == gluon, (n_rows, record.picked)
+        assert kernel in record.picked["fixed_slice_matmul"], (n_rows, record.picked)
+    record = ConfigRecord()
+    fixed_slice_matmul(dy[:, :768], w[:768], 4096, record=record)
+    assert not record.picked["fixed_slice_matmul"].startswith("gluon:"), record.picked
 
 
 @pytest.mark.gpu

@@ -30,7 +30,7 @@ def test_a_cpu_run_says_first_that_the_backward_is_wrong_and_which_data_fed_it(c
     assert model["tokenizer"].str.startswith("WordPiece trained here").all()
     profile = rows.loc[rows["part"] == "profile"]
     assert list(profile["rank"]) == list(range(1, bench.PROFILE_TOP + 1)) and set(profile["clock"]) == {"cpu"}
-    assert len(rows.loc[rows["part"] == "kernel"]) == 2 * 2 * 4  # two layers, two slices, four variants
+    assert len(rows.loc[rows["part"] == "kernel"]) == 2 * 2 * 5  # two layers, two slices, five variants
 
 
 @pytest.mark.parametrize(
@@ -95,7 +95,13 @@ def test_batch_and_seq_len_override_the_shape_and_n_rows_the_fractions():
 
 def test_kernel_cells_check_and_zero_rows():
     cells = list(bench.kernel_cells([("tiny", 2, 8)], [0.5], torch.float32, hidden=32, intermediate=48))
-    assert [c.variant for c in cells] == ["ours", "ours-pointer", "cublas-slice", "cublas-full"] * 2
+    assert [c.variant for c in cells] == [
+        "ours",
+        "ours-pointer",
+        "cublas-slice",
+        "cublas-slice-zeros",
+        "cublas-full",
+    ] * 2
     assert (cells[0].columns["k"], cells[0].columns["d"]) == (48, 32)
     by_count = bench.kernel_cells([("tiny", 2, 8)], None, torch.float32, 32, 48, n_rows=[3])
     assert {(c.columns["n_rows"], c.columns["fraction"]) for c in by_count} == {(3, 3 / 16)}
