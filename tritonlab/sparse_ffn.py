@@ -600,6 +600,10 @@ def fixed_slice_matmul(
     D = w.shape[1]
     _check_n_rows(n_rows, T)
     check_offset_range("dy", T, max(K, D))
+    if n_rows == 0 and impl == "auto":  # nothing to multiply: a memset (6.0 us against the pointer
+        if record is not None:  # kernel's 7.5 at 4 096 x 768 on the H100)
+            record.note("fixed_slice_matmul", "zeros")
+        return torch.zeros((T, D), dtype=dy.dtype, device=dy.device)
     dx = torch.empty((T, D), dtype=dy.dtype, device=dy.device)
     if T == 0 or D == 0:
         return dx

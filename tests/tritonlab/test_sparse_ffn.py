@@ -435,11 +435,11 @@ def test_gpu_auto_takes_gluon_over_a_long_k_and_split_k_for_a_short_slice():
     if torch.cuda.get_device_capability()[0] != 9 or sm_count() < 132:
         pytest.skip("an H100/H200: 132 SMs")
     dy, w = make((4096, 3072), torch.bfloat16, 0), make((3072, 768), torch.bfloat16, 1)
-    # 192 x 128 tiles of the slice: 132 (one wave), 66 (0.5: 128 x 128 split-K tiles, 48 of them at
-    # N = 1 024); over K = 768 never Gluon
+    # 192 x 128 tiles of the slice: 132 (one wave), 66 (0.5 waves: split-K, with 96 tiles of 128 x 128,
+    # 48 at N = 1 024); over K = 768 never Gluon
     for n_rows, kernel in [
         (4096, "gluon:"),
-        (2048, "BLOCK_M=128,BLOCK_N=128,BLOCK_K=64,GROUP_M=8,PERSISTENT"),
+        (2048, "SPLIT"),
         (1024, "SPLIT"),
     ]:
         record = ConfigRecord()
