@@ -1,5 +1,6 @@
 """Split-K for short slices: each kernel of fixed_slice_matmul forced by ``impl`` against cuBLAS on the
-slice (``dy[:N] @ w``) and against the same output made by torch (``dx[N:].zero_()`` then
+slice (``dy[:N] @ w``; ``split-slice-only``: the split kernel on dy[:N], no zero tiles) and against
+the same output made by torch (``dx[N:].zero_()`` then
 ``torch.mm(dy[:N], w, out=dx[:N])``), at bert-base's two FFN dX GEMMs, bf16, GPU time (each call
 behind a 1 ms GPU sleep, as the phase times it). N = 0 also times ``torch.zeros``. Prints the split
 kernel's tuner timings per config.
@@ -54,6 +55,8 @@ def measure(dy, w, n: int) -> list[dict]:
             for config, t in sparse_ffn._fixed_slice_matmul_split.configs_timings.items():
                 ms = float(t[0] if isinstance(t, list | tuple) else t)
                 print(f"  tuner {T}x{K}->{D} N={n}: {ms * 1e3:7.1f} us {describe_config(config)}")
+    if n:  # the split kernel on the slice alone: its product without the zero tiles
+        times["split-slice-only"] = timed(lambda: sparse_ffn.fixed_slice_matmul(dy[:n], w, n, impl="split"))
     line = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in times.items())
     print(
         f"{T}x{K}->{D} N={n}: {line} (us); split pick {picks.get('split', '')}; auto {picks['auto']}",
