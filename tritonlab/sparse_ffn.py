@@ -177,19 +177,12 @@ def _fixed_slice_matmul_split_kernel(
     share each tile's K steps. Each stores its fp32 partial, then counts itself in at the tile's
     arrival counter; the last to arrive sums the SPLIT partials in split order (deterministic,
     whatever the arrival order), stores the tile and resets the counter to zero for the next launch.
-    The grid's first programs, beyond the slice's, store the zero tiles past the slice, each a share of
-    them: started first, they run beside the multiplying programs instead of queueing behind them."""
+    The programs after the slice's store the zero tiles past it."""
     pid = tl.program_id(0)
     n_m = tl.cdiv(N_ROWS, BLOCK_M)
     n_n = tl.cdiv(D, BLOCK_N)
     busy = n_m * n_n * SPLIT
-    zero_programs = tl.num_programs(0) - busy
-    if pid < zero_programs:
-        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
-        for zero in range(pid, (tl.cdiv(T, BLOCK_M) - n_m) * n_n, zero_programs):
-            dx_desc.store([(n_m + zero // n_n) * BLOCK_M, (zero % n_n) * BLOCK_N], zeros)
-    else:
-        pid -= zero_programs
+    if pid < busy:
         tile = pid // SPLIT
         split = pid % SPLIT
         pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
@@ -213,6 +206,10 @@ def _fixed_slice_matmul_split_kernel(
                 dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
         else:
             dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
+    else:
+        zero = pid - busy
+        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
+        dx_desc.store([(n_m + zero // n_n) * BLOCK_M, (zero % n_n) * BLOCK_N], zeros)
 
 
 # --- the warp-specialised Gluon kernel (Hopper): one output tile a program ---------------------------
@@ -641,10 +638,8 @@ def fixed_slice_matmul(
 
     def grid(meta):
         if "SPLIT" in meta:
-            busy = _split_programs(meta, n_rows, D)
             zero_tiles = (cdiv(T, meta["BLOCK_M"]) - cdiv(n_rows, meta["BLOCK_M"])) * cdiv(D, meta["BLOCK_N"])
-            # the SMs the slice leaves idle, or a quarter of them where it leaves none
-            return (busy + min(zero_tiles, max(_sms(dy) - busy, _sms(dy) // 4)),)
+            return (_split_programs(meta, n_rows, D) + zero_tiles,)
         tiles = cdiv(T, meta["BLOCK_M"]) * cdiv(D, meta["BLOCK_N"])
         return (min(tiles, sm_count(dy.device)) if meta.get("PERSISTENT") else tiles,)
 
