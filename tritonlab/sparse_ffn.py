@@ -426,13 +426,18 @@ _fixed_slice_matmul_tma = tuning_tables.autotune(
     prune_configs_by={"early_config_prune": shared_memory_pruner(_tma_smem, "dy_desc")},
 )(_fixed_slice_matmul_tma_kernel)
 
-# The split-K kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), each with every split count below;
+# The split-K kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), each with every split count below (the
+# deeper rings keep more of a short slice's loads in flight: one program per SM streams its K range);
 # splits that leave a program fewer than two K steps, or make more than two waves, are pruned per call.
 _SPLIT_TILES = [
     (128, 128, 64, 4, 4),
     (128, 128, 64, 8, 4),
+    (128, 128, 64, 4, 6),
     (64, 128, 64, 4, 4),
+    (64, 128, 64, 4, 8),
+    (64, 128, 128, 4, 4),
     (128, 64, 64, 4, 4),
+    (128, 64, 64, 4, 8),
 ]
 _SPLITS = (1, 2, 3, 4, 6, 8)
 _CPU_SPLIT_TILES = [(32, 32, 32, 1, 1)]
