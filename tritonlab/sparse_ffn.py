@@ -24,10 +24,12 @@ t = b·S + s, so the first N rows are the first N/S sequences of the batch -- W 
   store), dy, w and dx read and written through host tensor descriptors. dy's descriptor spans the
   first n_rows rows only, so the straddling block reads zeros past the slice without masks; the
   tiles past it are stored as zeros in a second loop. Its tuning also covers one program per tile.
-  A short slice leaves most SMs idle in that kernel; there a third kernel splits K: SPLIT programs
-  share a tile's K steps, each stores an fp32 partial, and the last to arrive (an atomic counter per
-  tile) sums the partials in split order -- deterministic -- stores the tile and resets the counter;
-  the zero tiles past the slice are programs of the same launch. Its tuning covers SPLIT = 1 too.
+  A short slice leaves most SMs idle in that kernel; there a third kernel runs one program a tile
+  over rings of 4 to 8 stages (what a lone program streaming its K range needs), and can split K:
+  SPLIT programs share a tile's K steps, each stores an fp32 partial, and the last to arrive (an
+  atomic counter per tile) sums the partials in split order -- deterministic -- stores the tile and
+  resets the counter; the zero tiles past the slice are programs of the same launch. At bert-base's
+  shapes its tuning picks SPLIT = 1 with the deep rings.
   Over a long K, where the slice's 192 x 128 tiles make 0.75 to 2 waves (bert-base's 4 096 x 768
   intermediate dX at N = all: 132 tiles on 132 SMs, against 1.45 waves of 128 x 128), a fourth kernel
   runs, in Gluon: a TMA load warp and three wgmma warpgroups of 64 rows over a 5-deep ring, each
@@ -662,16 +664,18 @@ def fixed_slice_matmul(
         shape_args = (T, n_rows, K, D)
         kernel, meta = _fixed_slice_matmul_tma, {}
         if use_split:
-            # fp32 partials for the pick's programs (before the first launch, for every candidate's)
+            # fp32 partials for the pick's programs (before the first launch, for every candidate's);
+            # one float where no split is left (SPLIT = 1 never touches them)
             candidates = (
                 [config]
                 if config
                 else [c for c in _SPLIT_CONFIGS if _split_useful(c, n_rows, K, D, _sms(dy))]
             )
             floats = max(
-                _split_programs(c.kwargs, n_rows, D) * c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"]
-                for c in candidates
-            )
+                (_split_programs(c.kwargs, n_rows, D) * c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"]
+                 for c in candidates if c.kwargs["SPLIT"] > 1),
+                default=1,
+            )  # fmt: skip
             tiles = max(cdiv(n_rows, c.kwargs["BLOCK_M"]) * cdiv(D, c.kwargs["BLOCK_N"]) for c in candidates)
             partials = torch.empty(floats, dtype=torch.float32, device=dy.device)
             tensors += (partials, _ARRIVALS.get(dy.device, tiles))
