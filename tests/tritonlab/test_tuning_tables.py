@@ -92,6 +92,25 @@ def test_miss_tunes_once_per_bucket_and_says_so_once(tmp_path, monkeypatch, capl
     assert sorted(tuning.timings.values()) == [1.0, 2.0]
 
 
+def test_a_lone_candidate_after_pruning_launches_untimed(tmp_path, monkeypatch):
+    """Nothing to compare: the one config the pruner leaves is the pick, with no timing and no tuning
+    recorded (in the interpreter, timing would need a GPU)."""
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
+    timed = []
+    tuner = tt.Tuner(table_dir=tmp_path, device_name=lambda t: H100)
+    kernel = tt.autotune(
+        CONFIGS, name="toy.pruned", phase="11_autotune", key=["N"], dtype_arg="X", tuner=tuner,
+        do_bench=lambda call, quantiles: timed.append(call) or [1.0, 0.0, 0.0],
+        prune_configs_by={"early_config_prune": lambda configs, named_args, **kwargs: configs[1:]},
+    )(_scale_kernel)  # fmt: skip
+    x = torch.arange(100, dtype=torch.float32)
+    y = torch.empty_like(x)
+    kernel[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, y, 100)
+    torch.testing.assert_close(y, 2 * x)
+    assert kernel.best_config.kwargs == {"BLOCK": 32}
+    assert timed == [] and tuner.tunings == []
+
+
 def test_unknown_gpu_tunes_with_one_clear_log_line(tmp_path, monkeypatch, caplog):
     monkeypatch.delenv(tt.ENV_VAR, raising=False)
     _write_table(tmp_path, {_key(100): CONFIGS[0]})
