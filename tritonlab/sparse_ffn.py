@@ -475,8 +475,11 @@ def _split_useful(config: triton.Config, n_rows: int, k: int, d: int, sms: int) 
     )
 
 
+_split_fitting = shared_memory_pruner(_smem, "dy_desc")
+
+
 def _split_prune(configs, named_args, **kwargs):
-    fitting = shared_memory_pruner(_smem, "dy_desc")(configs, named_args, **kwargs)
+    fitting = _split_fitting(configs, named_args, **kwargs)
     sms = _sms(named_args["dy_desc"].base)
     n_rows, k, d = named_args["N_ROWS"], named_args["K"], named_args["D"]
     useful = [c for c in fitting if _split_useful(c, n_rows, k, d, sms)]

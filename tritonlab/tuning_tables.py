@@ -420,15 +420,14 @@ class TableAutotuner(Autotuner):
             key = self.bucket_key(all_args)
             gpu, dtype = self._table_of(all_args)
 
-            def default():
+            def candidates():
                 self.nargs = dict(zip(self.arg_names, args, strict=False))
-                return self.prune_configs(kwargs)[0]
+                return self.prune_configs(kwargs)
 
-            config = self.tuner.resolve(self, key, gpu, dtype, default)
+            config = self.tuner.resolve(self, key, gpu, dtype, lambda: candidates()[0])
             if config is None:
-                self.nargs = dict(zip(self.arg_names, args, strict=False))
-                candidates = self.prune_configs(kwargs)
-                config = candidates[0] if len(candidates) == 1 else None  # nothing to time
+                pruned = candidates()
+                config = pruned[0] if len(pruned) == 1 else None  # nothing to time
             if config is not None:
                 self.cache[triton_key] = config
             else:
