@@ -151,12 +151,17 @@ def _fixed_slice_matmul_tma_kernel(
     PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr,
 ):  # fmt: skip
     """The same product through tensor descriptors (dy_desc spans rows [0, N_ROWS) only). Each
-    program walks the slice's output tiles with a stride of the grid, then stores its share of the
-    zero tiles past the slice; PERSISTENT only tells the launcher to size the grid by the SMs."""
+    program stores its share of the zero tiles past the slice, then walks the slice's output tiles
+    with a stride of the grid; PERSISTENT only tells the launcher to size the grid by the SMs."""
     start = tl.program_id(0)
     programs = tl.num_programs(0)
     n_m = tl.cdiv(N_ROWS, BLOCK_M)
     n_n = tl.cdiv(D, BLOCK_N)
+    # The zero tiles first: a bulk store returns once its shared-memory tile is read, so their writes
+    # drain to memory while the slice's tiles multiply, instead of after them.
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
+    for tile in range(start, (tl.cdiv(T, BLOCK_M) - n_m) * n_n, programs):
+        dx_desc.store([(n_m + tile // n_n) * BLOCK_M, (tile % n_n) * BLOCK_N], zeros)
     for tile in tl.range(start, n_m * n_n, programs, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -165,9 +170,6 @@ def _fixed_slice_matmul_tma_kernel(
             b = w_desc.load([k0, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
         dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
-    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
-    for tile in range(start, (tl.cdiv(T, BLOCK_M) - n_m) * n_n, programs):
-        dx_desc.store([(n_m + tile // n_n) * BLOCK_M, (tile % n_n) * BLOCK_N], zeros)
 
 
 @triton.jit
@@ -222,6 +224,10 @@ def _fixed_slice_matmul_split_kernel(
 # 128, but a TMA box's sides are powers of two.)
 
 
+# The zero box's registers before it is stored to shared memory: 4 warps, 16 bytes a thread.
+_ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+
+
 @gluon.jit
 def _ws_load(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES: gl.constexpr,
              WARPGROUPS: gl.constexpr):  # fmt: skip
@@ -239,12 +245,27 @@ def _ws_load(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES
 
 
 @gluon.jit
+def _ws_zeros(c_desc, zeros, zero_row, T, D):
+    """The program's share of the zero boxes of dx from row ``zero_row`` on, stored from ``zeros``. A
+    bulk store waits only for its shared memory to be read, so the writes drain to memory while the
+    tile multiplies (zero tiles as programs of their own ran after the slice's: 4-6 us at N = rows/2)."""
+    BOX: gl.constexpr = c_desc.block_type.shape
+    box_cols = gl.cdiv(D, BOX[1])
+    for box in range(gl.program_id(0), gl.cdiv(T - zero_row, BOX[0]) * box_cols, gl.num_programs(0)):
+        tma.async_copy_shared_to_global(
+            c_desc, [zero_row + (box // box_cols) * BOX[0], (box % box_cols) * BOX[1]], zeros
+        )
+
+
+@gluon.jit
 def _ws_mma(a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.constexpr,
-            WARPGROUPS: gl.constexpr):  # fmt: skip
-    """Warpgroup ``WG``'s 64 rows of the tile: the K loop (none past the slice: zeros), then dx."""
+            WARPGROUPS: gl.constexpr, zeros, zero_row, T, D):  # fmt: skip
+    """Warpgroup ``WG``'s 64 rows of the tile: (warpgroup 0: the zero boxes,) the K loop, then dx."""
     STAGES: gl.constexpr = b_bufs.shape[0]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
     ROWS: gl.constexpr = a_bufs.shape[1]
+    if WG == 0:  # the warps that zeroed the buffer
+        _ws_zeros(c_desc, zeros, zero_row, T, D)
     acc = gl.zeros([ROWS, BLOCK_N], gl.float32, mma_layout(BLOCK_N))
     for i in range(n_k):
         s = i % STAGES
@@ -271,19 +292,28 @@ def _ws_mma(a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.constexp
 
 
 @gluon.jit
-def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: gl.constexpr):
-    """A 192 x BLOCK_N tile of dx a program: the slice's tiles multiply (a_desc spans rows [0, N_ROWS):
-    the straddling block reads zeros past it), the tiles past the slice store zeros."""
+def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, T, N_ROWS, K, D, STAGES: gl.constexpr):
+    """A 192 x BLOCK_N tile of the slice a program (a_desc spans rows [0, N_ROWS): the straddling
+    block reads zeros past it); the rows of dx past the slice's row blocks are shared out over the
+    programs as zero boxes of the store's shape."""
     ROWS: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    BOX: gl.constexpr = c_desc.block_type.shape
     WARPGROUPS: gl.constexpr = 3  # the three _ws_mma partitions below
-    gl.static_assert(c_desc.block_type.shape[1] * 2 == BLOCK_N and STAGES >= 2)  # the staging in _ws_mma
+    gl.static_assert(BOX[1] * 2 == BLOCK_N and STAGES >= 2)  # the staging in _ws_mma
     n_n = gl.cdiv(D, BLOCK_N)
     pid = gl.program_id(0)
     row = (pid // n_n) * (WARPGROUPS * ROWS)
     col = (pid % n_n) * BLOCK_N
-    n_k = gl.where(row < N_ROWS, gl.cdiv(K, BLOCK_K), 0)
+    n_k = gl.cdiv(K, BLOCK_K)
+    # One zeroed box of shared memory, stored by warpgroup 0 (these warps) over dx's rows past the
+    # slice's row blocks: a share of them for each program, by TMA before its K loop (_ws_zeros).
+    zeros = gl.allocate_shared_memory(
+        c_desc.dtype, BOX, c_desc.layout, gl.zeros(BOX, c_desc.dtype, _ZERO_LAYOUT)
+    )
+    fence_async_shared()
+    zero_row = gl.cdiv(N_ROWS, WARPGROUPS * ROWS) * (WARPGROUPS * ROWS)
     a_bufs = gl.allocate_shared_memory(
         a_desc.dtype, [STAGES * WARPGROUPS] + a_desc.block_type.shape, a_desc.layout
     )
@@ -295,9 +325,9 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
         mbarrier.init(empty.index(i), count=WARPGROUPS)  # every warpgroup's product reads the slot
     gl.warp_specialize(
         [
-            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 0, WARPGROUPS)),
-            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 1, WARPGROUPS)),
-            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 2, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 0, WARPGROUPS, zeros, zero_row, T, D)),
+            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 1, WARPGROUPS, zeros, zero_row, T, D)),
+            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 2, WARPGROUPS, zeros, zero_row, T, D)),
             (_ws_load, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES, WARPGROUPS)),
         ],
         [4, 4, 1],
@@ -305,7 +335,8 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, N_ROWS, K, D, STAGES: 
     )  # fmt: skip
 
 
-# The Gluon kernel's tile: 3 x 64 rows, 128 columns, K by 64, a 5-deep ring (200 KB of shared memory).
+# The Gluon kernel's tile: 3 x 64 rows, 128 columns, K by 64, a 5-deep ring (200 KB of shared memory)
+# and an 8 KB zero box.
 _WS_ROWS, _WS_WARPGROUPS, _WS_BLOCK_N, _WS_BLOCK_K, _WS_STAGES = 64, 3, 128, 64, 5
 # Where "auto" takes it (measured at bert-base's dX GEMMs on the H100, diagnostics/split_k/): the
 # slice's 192 x 128 tiles make between 0.75 and 2 waves, over a long K (3 072: at K = 768 the Triton
@@ -327,8 +358,8 @@ def _fixed_slice_matmul_ws(dy: Tensor, w: Tensor, dx: Tensor, n_rows: int) -> No
         block_descriptor(dx, (_WS_ROWS, _WS_BLOCK_N // 2)),  # the store's halves, staged in dy's slots
     )
     _WS_LAUNCHES.launch(
-        (signature_key(dy, w, dx), n_rows), descriptors, _fixed_slice_matmul_ws_kernel, (_ws_tiles(T, D),),
-        (n_rows, K, D), {"STAGES": _WS_STAGES, "num_warps": 4},
+        (signature_key(dy, w, dx), n_rows), descriptors, _fixed_slice_matmul_ws_kernel,
+        (_ws_tiles(n_rows, D),), (T, n_rows, K, D), {"STAGES": _WS_STAGES, "num_warps": 4},
     )  # fmt: skip
 
 

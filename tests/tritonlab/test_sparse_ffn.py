@@ -376,7 +376,7 @@ dy, w, dx = (torch.empty(shape, dtype=torch.bfloat16) for shape in [(256, 256), 
 descriptors = [block_descriptor(dy, (s._WS_ROWS, s._WS_BLOCK_K)), block_descriptor(w, (s._WS_BLOCK_K, s._WS_BLOCK_N)),
                block_descriptor(dx, (s._WS_ROWS, s._WS_BLOCK_N // 2))]
 sig = {name: mangle_type(d) for name, d in zip(["a_desc", "b_desc", "c_desc"], descriptors)}
-sig.update({"N_ROWS": "i32", "K": "i32", "D": "i32", "STAGES": "constexpr"})
+sig.update({"T": "i32", "N_ROWS": "i32", "K": "i32", "D": "i32", "STAGES": "constexpr"})
 out = triton.compile(GluonASTSource(s._fixed_slice_matmul_ws_kernel, sig, {"STAGES": s._WS_STAGES}),
                      target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 ptx = out.asm["ptx"]
