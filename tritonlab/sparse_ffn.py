@@ -151,17 +151,17 @@ def _fixed_slice_matmul_tma_kernel(
     PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr,
 ):  # fmt: skip
     """The same product through tensor descriptors (dy_desc spans rows [0, N_ROWS) only). Each
-    program stores its share of the zero tiles past the slice, then walks the slice's output tiles
-    with a stride of the grid; PERSISTENT only tells the launcher to size the grid by the SMs."""
+    program walks the slice's output tiles with a stride of the grid, storing its share of the zero
+    tiles past the slice on the way; PERSISTENT only tells the launcher to size the grid by the SMs."""
     start = tl.program_id(0)
     programs = tl.num_programs(0)
     n_m = tl.cdiv(N_ROWS, BLOCK_M)
     n_n = tl.cdiv(D, BLOCK_N)
-    # The zero tiles first: a bulk store returns once its shared-memory tile is read, so their writes
-    # drain to memory while the slice's tiles multiply, instead of after them.
+    zero_tiles = (tl.cdiv(T, BLOCK_M) - n_m) * n_n
     zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
-    for tile in range(start, (tl.cdiv(T, BLOCK_M) - n_m) * n_n, programs):
-        dx_desc.store([(n_m + tile // n_n) * BLOCK_M, (tile % n_n) * BLOCK_N], zeros)
+    # One zero tile with each of the slice's tiles, so that their writes spread over the GEMM: stored
+    # all before it or all after it, they ran at memory speed beside it (diagnostics/zero_overlap).
+    zero = start
     for tile in tl.range(start, n_m * n_n, programs, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -170,6 +170,12 @@ def _fixed_slice_matmul_tma_kernel(
             b = w_desc.load([k0, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
         dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
+        # after the tile's own store: before its K loop, the store stopped the loop's pipelining
+        if zero < zero_tiles:
+            dx_desc.store([(n_m + zero // n_n) * BLOCK_M, (zero % n_n) * BLOCK_N], zeros)
+        zero += programs
+    for tile in range(zero, zero_tiles, programs):
+        dx_desc.store([(n_m + tile // n_n) * BLOCK_M, (tile % n_n) * BLOCK_N], zeros)
 
 
 @triton.jit
@@ -229,10 +235,18 @@ _ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 
 
 @gluon.jit
-def _ws_load(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES: gl.constexpr,
-             WARPGROUPS: gl.constexpr):  # fmt: skip
+def _ws_load(a_desc, b_desc, c_desc, a_bufs, b_bufs, zeros, ready, empty, row, col, n_k, zero_row, T, D,
+             STAGES: gl.constexpr, WARPGROUPS: gl.constexpr):  # fmt: skip
+    """The ring's loads, and the program's share of dx's zero boxes from row ``zero_row`` on, stored
+    from ``zeros``: one with each K step, so that their writes spread over the K loop (stored all
+    before it, or as programs of their own after the slice's, they ran at memory speed beside the
+    GEMM: diagnostics/zero_overlap)."""
     ROWS: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BOX: gl.constexpr = c_desc.block_type.shape
+    box_cols = gl.cdiv(D, BOX[1])
+    n_boxes = gl.cdiv(T - zero_row, BOX[0]) * box_cols
+    box = gl.program_id(0)
     for i in range(n_k):
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) + 1) & 1, pred=i >= STAGES)
@@ -242,30 +256,25 @@ def _ws_load(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES
                 a_desc, [row + wg * ROWS, i * BLOCK_K], ready.index(s), a_bufs.index(s * WARPGROUPS + wg)
             )
         tma.async_copy_global_to_shared(b_desc, [i * BLOCK_K, col], ready.index(s), b_bufs.index(s))
-
-
-@gluon.jit
-def _ws_zeros(c_desc, zeros, zero_row, T, D):
-    """The program's share of the zero boxes of dx from row ``zero_row`` on, stored from ``zeros``. A
-    bulk store waits only for its shared memory to be read, so the writes drain to memory while the
-    tile multiplies (zero tiles as programs of their own ran after the slice's: 4-6 us at N = rows/2)."""
-    BOX: gl.constexpr = c_desc.block_type.shape
-    box_cols = gl.cdiv(D, BOX[1])
-    for box in range(gl.program_id(0), gl.cdiv(T - zero_row, BOX[0]) * box_cols, gl.num_programs(0)):
+        if box < n_boxes:
+            tma.async_copy_shared_to_global(
+                c_desc, [zero_row + (box // box_cols) * BOX[0], (box % box_cols) * BOX[1]], zeros
+            )
+        box += gl.num_programs(0)
+    for rest in range(box, n_boxes, gl.num_programs(0)):
         tma.async_copy_shared_to_global(
-            c_desc, [zero_row + (box // box_cols) * BOX[0], (box % box_cols) * BOX[1]], zeros
+            c_desc, [zero_row + (rest // box_cols) * BOX[0], (rest % box_cols) * BOX[1]], zeros
         )
+    tma.store_wait(0)
 
 
 @gluon.jit
 def _ws_mma(a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, WG: gl.constexpr,
-            WARPGROUPS: gl.constexpr, zeros, zero_row, T, D):  # fmt: skip
-    """Warpgroup ``WG``'s 64 rows of the tile: (warpgroup 0: the zero boxes,) the K loop, then dx."""
+            WARPGROUPS: gl.constexpr):  # fmt: skip
+    """Warpgroup ``WG``'s 64 rows of the tile: the K loop, then dx."""
     STAGES: gl.constexpr = b_bufs.shape[0]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
     ROWS: gl.constexpr = a_bufs.shape[1]
-    if WG == 0:  # the warps that zeroed the buffer
-        _ws_zeros(c_desc, zeros, zero_row, T, D)
     acc = gl.zeros([ROWS, BLOCK_N], gl.float32, mma_layout(BLOCK_N))
     for i in range(n_k):
         s = i % STAGES
@@ -307,8 +316,8 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, T, N_ROWS, K, D, STAGE
     row = (pid // n_n) * (WARPGROUPS * ROWS)
     col = (pid % n_n) * BLOCK_N
     n_k = gl.cdiv(K, BLOCK_K)
-    # One zeroed box of shared memory, stored by warpgroup 0 (these warps) over dx's rows past the
-    # slice's row blocks: a share of them for each program, by TMA before its K loop (_ws_zeros).
+    # One zeroed box of shared memory, which the load warp stores over dx's rows past the slice's row
+    # blocks (written and fenced before the partitions start).
     zeros = gl.allocate_shared_memory(
         c_desc.dtype, BOX, c_desc.layout, gl.zeros(BOX, c_desc.dtype, _ZERO_LAYOUT)
     )
@@ -325,10 +334,11 @@ def _fixed_slice_matmul_ws_kernel(a_desc, b_desc, c_desc, T, N_ROWS, K, D, STAGE
         mbarrier.init(empty.index(i), count=WARPGROUPS)  # every warpgroup's product reads the slot
     gl.warp_specialize(
         [
-            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 0, WARPGROUPS, zeros, zero_row, T, D)),
-            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 1, WARPGROUPS, zeros, zero_row, T, D)),
-            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 2, WARPGROUPS, zeros, zero_row, T, D)),
-            (_ws_load, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, row, col, n_k, STAGES, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 0, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 1, WARPGROUPS)),
+            (_ws_mma, (a_bufs, b_bufs, ready, empty, c_desc, row, col, n_k, 2, WARPGROUPS)),
+            (_ws_load, (a_desc, b_desc, c_desc, a_bufs, b_bufs, zeros, ready, empty, row, col, n_k, zero_row,
+                        T, D, STAGES, WARPGROUPS)),
         ],
         [4, 4, 1],
         [160, 160, 24],
