@@ -24,12 +24,10 @@ t = b·S + s, so the first N rows are the first N/S sequences of the batch -- W 
   store), dy, w and dx read and written through host tensor descriptors. dy's descriptor spans the
   first n_rows rows only, so the straddling block reads zeros past the slice without masks; the
   tiles past it are stored as zeros in a second loop. Its tuning also covers one program per tile.
-  A short slice leaves most SMs idle in that kernel; there a third kernel runs one program a tile
-  over rings of 4 to 8 stages (what a lone program streaming its K range needs), and can split K:
-  SPLIT programs share a tile's K steps, each stores an fp32 partial, and the last to arrive (an
-  atomic counter per tile) sums the partials in split order -- deterministic -- stores the tile and
-  resets the counter; the zero tiles past the slice are programs of the same launch. At bert-base's
-  shapes its tuning picks SPLIT = 1 with the deep rings.
+  A short slice leaves most SMs idle in that kernel; there a third kernel, the short-slice kernel,
+  runs one program a tile over rings of 4 to 8 stages (what a lone program streaming its K range
+  needs), and the zero tiles past the slice as programs of the same launch, on the SMs the slice
+  leaves idle.
   Over a long K, where the slice's 192 x 128 tiles make 0.75 to 2 waves (bert-base's 4 096 x 768
   intermediate dX at N = all: 132 tiles on 132 SMs, against 1.45 waves of 128 x 128), a fourth kernel
   runs, in Gluon: a TMA load warp and three wgmma warpgroups of 64 rows over a 5-deep ring, each
@@ -72,7 +70,7 @@ from ._gluon import block_descriptor, mma_layout
 from ._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, tma_ok
 from ._runtime import INTERPRET, cdiv, sm_count
 from .checks import check_choice, check_offset_range, check_same, check_tensor
-from .tuning import ConfigRecord, dot_precision
+from .tuning import ConfigRecord, describe_config, dot_precision
 
 __all__ = ["SlicedBackwardLinear", "fixed_slice_matmul", "replace_ffn", "sliced_backward_linear"]
 
@@ -172,45 +170,25 @@ def _fixed_slice_matmul_tma_kernel(
 
 
 @triton.jit
-def _fixed_slice_matmul_split_kernel(
-    dy_desc, w_desc, dx_desc, partials_ptr, arrivals_ptr, T, N_ROWS, K, D, SPLIT,
+def _fixed_slice_matmul_short_kernel(
+    dy_desc, w_desc, dx_desc, T, N_ROWS, K, D,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """Split-K for a short slice: the slice's tiles are too few to fill the GPU, so SPLIT programs
-    share each tile's K steps. Each stores its fp32 partial, then counts itself in at the tile's
-    arrival counter; the last to arrive sums the SPLIT partials in split order (deterministic,
-    whatever the arrival order), stores the tile and resets the counter to zero for the next launch.
-    The programs after the slice's store the zero tiles past it."""
+    """A short slice: one program a tile of the slice, streaming its K range through a deep ring
+    (the launch's ``num_stages``); the programs after the slice's store the zero tiles past it."""
     pid = tl.program_id(0)
     n_m = tl.cdiv(N_ROWS, BLOCK_M)
     n_n = tl.cdiv(D, BLOCK_N)
-    busy = n_m * n_n * SPLIT
-    if pid < busy:
-        tile = pid // SPLIT
-        split = pid % SPLIT
-        pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
-        n_k = tl.cdiv(K, BLOCK_K)
+    if pid < n_m * n_n:
+        pid_m, pid_n = _tile_coords(pid, n_m, n_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(split * n_k // SPLIT, (split + 1) * n_k // SPLIT):
-            a = dy_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
-            b = w_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
+        for k0 in range(0, K, BLOCK_K):
+            a = dy_desc.load([pid_m * BLOCK_M, k0])
+            b = w_desc.load([k0, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
-        if SPLIT > 1:
-            offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            tile_partials = partials_ptr + tile.to(tl.int64) * SPLIT * BLOCK_M * BLOCK_N
-            tl.store(tile_partials + split * BLOCK_M * BLOCK_N + offs, acc)
-            tl.debug_barrier()  # every thread's partial is written before the release below
-            arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT - 1:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in range(SPLIT):
-                    acc += tl.load(tile_partials + s * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")
-                tl.store(arrivals_ptr + tile, 0)
-                dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
-        else:
-            dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
+        dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
     else:
-        zero = pid - busy
+        zero = pid - n_m * n_n
         zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
         dx_desc.store([(n_m + zero // n_n) * BLOCK_M, (zero % n_n) * BLOCK_N], zeros)
 
@@ -462,10 +440,9 @@ _fixed_slice_matmul_tma = tuning_tables.autotune(
     prune_configs_by={"early_config_prune": shared_memory_pruner(_tma_smem, "dy_desc")},
 )(_fixed_slice_matmul_tma_kernel)
 
-# The split-K kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), each with every split count below (the
-# deeper rings keep more of a short slice's loads in flight: one program per SM streams its K range);
-# splits that leave a program fewer than two K steps, or make more than two waves, are pruned per call.
-_SPLIT_TILES = [
+# The short-slice kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the deeper rings keep more of a
+# short slice's loads in flight, where one program per SM streams its K range.
+_SHORT_TILES = [
     (128, 128, 64, 4, 4),
     (128, 128, 64, 8, 4),
     (128, 128, 64, 4, 6),
@@ -475,88 +452,35 @@ _SPLIT_TILES = [
     (128, 64, 64, 4, 4),
     (128, 64, 64, 4, 8),
 ]
-_SPLITS = (1, 2, 3, 4, 6, 8)
-_CPU_SPLIT_TILES = [(32, 32, 32, 1, 1)]
-_CPU_SPLITS = (1, 3)
+_CPU_SHORT_TILES = [(32, 32, 32, 1, 1)]
 
 
-def _split_configs(tiles, splits) -> list[triton.Config]:
+def _short_configs(tiles) -> list[triton.Config]:
     return [
         triton.Config(
-            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M, "SPLIT": split},
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M},
             num_warps=w, num_stages=s, pre_hook=_set_tma_blocks,
         )
         for m, n, k, w, s in tiles
-        for split in splits
     ]  # fmt: skip
-
-
-def _split_programs(kw: dict, n_rows: int, d: int) -> int:
-    """The split kernel's programs that multiply, for a config's keyword arguments."""
-    return cdiv(n_rows, kw["BLOCK_M"]) * cdiv(d, kw["BLOCK_N"]) * kw["SPLIT"]
 
 
 def _sms(t: Tensor) -> int:
     return sm_count(t.device) if t.is_cuda else 4  # the interpreter: a few programs a wave
 
 
-def _split_useful(config: triton.Config, n_rows: int, k: int, d: int, sms: int) -> bool:
-    """A split that gives each program two K steps or more, in at most two waves of the slice's tiles."""
-    split = config.kwargs["SPLIT"]
-    return split == 1 or (
-        2 * split <= cdiv(k, config.kwargs["BLOCK_K"])
-        and _split_programs(config.kwargs, n_rows, d) <= 2 * sms
-    )
-
-
-_split_fitting = shared_memory_pruner(_smem, "dy_desc")
-
-
-def _split_prune(configs, named_args, **kwargs):
-    fitting = _split_fitting(configs, named_args, **kwargs)
-    sms = _sms(named_args["dy_desc"].base)
-    n_rows, k, d = named_args["N_ROWS"], named_args["K"], named_args["D"]
-    useful = [c for c in fitting if _split_useful(c, n_rows, k, d, sms)]
-    # The interpreter cannot time: it runs the largest useful split (tests pick K for 1 or 3).
-    return useful[-1:] if INTERPRET else useful
-
-
-_SPLIT_CONFIGS = (
-    _split_configs(_CPU_SPLIT_TILES, _CPU_SPLITS) if INTERPRET else _split_configs(_SPLIT_TILES, _SPLITS)
-)
-_fixed_slice_matmul_split = tuning_tables.autotune(
-    _SPLIT_CONFIGS,
-    name="sparse_ffn.fixed_slice_matmul_split",
+_fixed_slice_matmul_short = tuning_tables.autotune(
+    _short_configs(_CPU_SHORT_TILES if INTERPRET else _SHORT_TILES),
+    name="sparse_ffn.fixed_slice_matmul_short",
     phase="sparse_ffn",
     key=["T", "N_ROWS", "K", "D"],
     dtype_arg="dy_desc",
     buckets={"T": tuning_tables.pow2_bucket, "N_ROWS": tuning_tables.pow2_bucket},
     runs_on_sm80=lambda config: False,
-    prune_configs_by={"early_config_prune": _split_prune},
-)(_fixed_slice_matmul_split_kernel)
+    prune_configs_by={"early_config_prune": shared_memory_pruner(_smem, "dy_desc")},
+)(_fixed_slice_matmul_short_kernel)
 
-
-class SplitArrivals:
-    """The split-K kernel's arrival counters: zeroed int32s, one per output tile, per (device, stream).
-    The last program to arrive at a tile resets its counter, so a buffer stays zeroed from launch to
-    launch and is allocated (and zeroed) once; one per stream, since launches on two streams may
-    overlap on the GPU."""
-
-    def __init__(self):
-        self._buffers: dict = {}
-
-    def get(self, device: torch.device, count: int) -> Tensor:
-        stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
-        buffer = self._buffers.get((device, stream))
-        if buffer is None or buffer.numel() < count:
-            buffer = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
-            self._buffers[(device, stream)] = buffer
-        return buffer
-
-
-_ARRIVALS = SplitArrivals()
-
-IMPLS = ("auto", "gluon", "split", "tma", "pointer")
+IMPLS = ("auto", "gluon", "short", "tma", "pointer")
 # Per call signature (dy's and w's layouts, n_rows, the kernel; the dot precision, which follows
 # torch's float32 setting): the compiled pick, launched directly after the signature's first call.
 # Triton's autotuner and launcher cost about 0.1 ms of host time a call (phase sparse_ffn's host_ms).
@@ -595,15 +519,15 @@ def _gluon_preferred(dy: Tensor, w: Tensor, n_rows: int) -> bool:
     )
 
 
-# Where "auto" takes the split-K kernel: a slice of at most 1.5 waves of 128 x 128 tiles, where the
-# persistent kernel's tiles leave SMs idle (diagnostics/split_k/, H100: bert-base's intermediate dX
-# at 4 096 rows, N = 256-1 024, 18.5-23.2 us against 24.1-24.8; the output dX at N = 512-1 024,
-# 15.9-18.1 against 18.1-21.2; at 384 tiles 27.6 against 24.9).
-_SPLIT_MAX_WAVES = 1.5
+# Where "auto" takes the short-slice kernel: a slice of at most 1.5 waves of 128 x 128 tiles, where the
+# persistent kernel's tiles leave SMs idle (diagnostics/split_k/, H100, at 2fa37f3 when it could also
+# split K: bert-base's intermediate dX at 4 096 rows, N = 256-1 024, 18.5-23.2 us against 24.1-24.8;
+# the output dX at N = 512-1 024, 15.9-18.1 against 18.1-21.2; at 384 tiles 27.6 against 24.9).
+_SHORT_MAX_WAVES = 1.5
 
 
-def _split_preferred(dy: Tensor, w: Tensor, n_rows: int) -> bool:
-    return cdiv(n_rows, 128) * cdiv(w.shape[1], 128) <= _SPLIT_MAX_WAVES * _sms(dy)
+def _short_preferred(dy: Tensor, w: Tensor, n_rows: int) -> bool:
+    return cdiv(n_rows, 128) * cdiv(w.shape[1], 128) <= _SHORT_MAX_WAVES * _sms(dy)
 
 
 def _check_n_rows(n_rows, rows: int | None = None) -> int:
@@ -624,11 +548,12 @@ def fixed_slice_matmul(
     dy (T, K) and w (K, D) of one dtype (bf16, fp16 or fp32) on one device, any strides; n_rows in
     [0, T]. For a linear layer's weight W (D_OUT, D_IN), ``fixed_slice_matmul(dy, W, n)`` is the
     sliced dX. ``impl``: "auto" takes, on a Hopper GPU, the Gluon kernel over a long K where its
-    192 x 128 tiles make 0.75 to 2 waves, the split-K kernel where the slice's 128 x 128 tiles make at
-    most 1.5 waves, else the TMA kernel where it can (see the module docstring); "pointer" never;
-    "tma" and "split" wherever the operands allow them (the interpreter included, for tests);
+    192 x 128 tiles make 0.75 to 2 waves, the short-slice kernel where the slice's 128 x 128 tiles
+    make at most 1.5 waves, else the TMA kernel where it can (see the module docstring); "pointer"
+    never; "tma" and "short" wherever the operands allow them (the interpreter included, for tests);
     "gluon" on a Hopper GPU wherever "tma" could run (a ValueError where they cannot). ``record``
-    receives the tiles of the kernel that ran (the autotuner's pick, or the Gluon kernel's).
+    receives the tiles of the kernel that ran (the autotuner's pick, or the Gluon kernel's), prefixed
+    "short:" or "gluon:" for those two kernels.
     Numerically wrong as a training gradient for any n_rows < T (see the module docstring).
     """
     check_choice("impl", impl, IMPLS)
@@ -666,7 +591,7 @@ def fixed_slice_matmul(
                 f"gluon:BLOCK_M={_WS_WARPGROUPS * _WS_ROWS},BLOCK_N={_WS_BLOCK_N},BLOCK_K={_WS_BLOCK_K},stages={_WS_STAGES}",
             )
         return dx
-    if impl in ("tma", "split") and not _tma_usable(dy, w, n_rows):
+    if impl in ("tma", "short") and not _tma_usable(dy, w, n_rows):
         raise ValueError(
             f"impl: {impl!r} needs bf16/fp16 operands with unit inner strides, 16-byte aligned rows and "
             f"n_rows > 0 (got {dy.dtype}, dy strides {dy.stride()}, w strides {w.stride()}, n_rows {n_rows})"
@@ -677,18 +602,17 @@ def fixed_slice_matmul(
         and torch.cuda.get_device_capability(dy.device)[0] >= 9
         and _tma_usable(dy, w, n_rows)
     )
-    use_split = impl == "split" or (hopper_tma and _split_preferred(dy, w, n_rows))
-    use_tma = impl == "tma" or (hopper_tma and not use_split)
+    use_short = impl == "short" or (hopper_tma and _short_preferred(dy, w, n_rows))
+    use_tma = impl == "tma" or (hopper_tma and not use_short)
 
     def grid(meta):
-        if "SPLIT" in meta:
-            zero_tiles = (cdiv(T, meta["BLOCK_M"]) - cdiv(n_rows, meta["BLOCK_M"])) * cdiv(D, meta["BLOCK_N"])
-            return (_split_programs(meta, n_rows, D) + zero_tiles,)
         tiles = cdiv(T, meta["BLOCK_M"]) * cdiv(D, meta["BLOCK_N"])
+        if use_short:  # a program a tile, the slice's and the zero tiles past it
+            return (tiles,)
         return (min(tiles, sm_count(dy.device)) if meta.get("PERSISTENT") else tiles,)
 
-    if use_tma or use_split:
-        key = (signature_key(dy, w), n_rows, "split" if use_split else "tma")
+    if use_tma or use_short:
+        key = (signature_key(dy, w), n_rows, "short" if use_short else "tma")
         # The descriptors' block shapes are the pick's; before the first launch of a signature they
         # are placeholders, which each config's pre_hook sets while the autotuner runs.
         config = None if INTERPRET else _LAUNCHES.info(key)
@@ -699,24 +623,7 @@ def fixed_slice_matmul(
             TensorDescriptor.from_tensor(dx, [m, n]),
         )
         shape_args = (T, n_rows, K, D)
-        kernel, meta = _fixed_slice_matmul_tma, {}
-        if use_split:
-            # fp32 partials for the pick's programs (before the first launch, for every candidate's);
-            # one float where no split is left (SPLIT = 1 never touches them)
-            candidates = (
-                [config]
-                if config
-                else [c for c in _SPLIT_CONFIGS if _split_useful(c, n_rows, K, D, _sms(dy))]
-            )
-            floats = max(
-                (_split_programs(c.kwargs, n_rows, D) * c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"]
-                 for c in candidates if c.kwargs["SPLIT"] > 1),
-                default=1,
-            )  # fmt: skip
-            tiles = max(cdiv(n_rows, c.kwargs["BLOCK_M"]) * cdiv(D, c.kwargs["BLOCK_N"]) for c in candidates)
-            partials = torch.empty(floats, dtype=torch.float32, device=dy.device)
-            tensors += (partials, _ARRIVALS.get(dy.device, tiles))
-            kernel = _fixed_slice_matmul_split
+        kernel, meta = (_fixed_slice_matmul_short if use_short else _fixed_slice_matmul_tma), {}
     else:
         precision = dot_precision(dy.dtype)
         key = (signature_key(dy, w), n_rows, precision)
@@ -729,7 +636,7 @@ def fixed_slice_matmul(
     else:
         config = _LAUNCHES.launch(key, tensors, kernel, grid, shape_args, meta)
     if record is not None:
-        record.note("fixed_slice_matmul", config)
+        record.note("fixed_slice_matmul", f"short:{describe_config(config)}" if use_short else config)
     return dx
 
 

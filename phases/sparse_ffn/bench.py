@@ -3,7 +3,7 @@
 - kernel cells (``part`` = "kernel"): the two dX GEMMs of the model's FFN layer at T = batch·seq
   rows, ``intermediate`` (dY (T, FFN) @ W (FFN, H)) and ``output`` (dY (T, H) @ W (H, FFN)), for
   N rows (a fraction of T, or a row count): ``ours`` (``fixed_slice_matmul``: the slice plus the
-  zero rows, one launch; on Hopper its TMA, split-K or Gluon kernel), ``ours-pointer`` (the same with ``impl="pointer"``,
+  zero rows, one launch; on Hopper its TMA, short-slice or Gluon kernel), ``ours-pointer`` (the same with ``impl="pointer"``,
   the kernel every other GPU runs), ``cublas-slice`` (``torch.matmul`` on dy[:N], no zero rows written),
   ``cublas-slice-zeros`` (the same output as ours, made by torch: the rows past N zeroed, then cuBLAS
   writes the slice in place) and

@@ -144,7 +144,7 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "Times are medians (ms), ratios against rows of the same run.\n\n"
         "## The kernel alone\n\n`ours` = `fixed_slice_matmul` (slice + zero rows, one launch), "
         '`ours-pointer` = the same with `impl="pointer"` (the kernel GPUs without TMA run; `ours` takes the '
-        "TMA kernel on Hopper, its split-K kernel for a short slice, or its Gluon kernel over a long K where "
+        "TMA kernel on Hopper, its short-slice kernel (deep rings, one program a tile), or its Gluon kernel over a long K where "
         "192 x 128 tiles make 0.75 to 2 waves), "
         "`cublas-slice` = `dy[:N] @ w`, `cublas-slice-zeros` = the same output as ours made by torch "
         "(`dx[N:].zero_()`, then `torch.mm(dy[:N], w, out=dx[:N])`), `cublas-full` = `dy @ w`; "

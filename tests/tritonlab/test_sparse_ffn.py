@@ -70,25 +70,16 @@ def test_tma_kernel_against_float64_with_exact_zeros_past_the_slice(T, K, D, whi
 
 
 @pytest.mark.parametrize(
-    ("T", "K", "D", "n_rows", "split"),
-    [(45, 200, 24, 20, 3), (45, 200, 24, 45, 3), (9, 200, 40, 1, 3), (70, 160, 56, 69, 1), (1, 96, 8, 1, 1)],
+    ("T", "K", "D", "n_rows"), [(45, 200, 24, 20), (45, 200, 24, 45), (9, 200, 40, 1), (70, 160, 56, 69), (1, 96, 8, 1)]
 )  # fmt: skip
-def test_split_kernel_against_float64_with_exact_zeros_past_the_slice(T, K, D, n_rows, split):
-    """Split-K (in the interpreter the largest split that gives each program two K steps in at most two
-    waves: 3, or 1): the partials sum to the product, the zero tiles past the slice are stored, and
-    the last program to arrive leaves its tile's counter at zero for the next launch."""
-    from tritonlab.sparse_ffn import _ARRIVALS
-    from tritonlab.tuning import ConfigRecord
-
+def test_short_kernel_against_float64_with_exact_zeros_past_the_slice(T, K, D, n_rows):
+    """The short-slice kernel: a program a tile of the slice (the straddling block reads zeros past it
+    through dy's descriptor), the programs after them store the zero tiles past the slice."""
     dy, w = make((T, K), torch.float16, 0), make((K, D), torch.float16, 1)
-    for _ in range(2):  # the second launch finds the counters the first left
-        record = ConfigRecord()
-        with poisoned_empty():
-            dx = fixed_slice_matmul(dy, w, n_rows, impl="split", record=record)
-        assert f"SPLIT={split}," in record.picked["fixed_slice_matmul"], record.picked
-        assert (dx[n_rows:] == 0).all()
-        assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[torch.float16]
-        assert all((buffer == 0).all() for buffer in _ARRIVALS._buffers.values())
+    with poisoned_empty():
+        dx = fixed_slice_matmul(dy, w, n_rows, impl="short")
+    assert (dx[n_rows:] == 0).all()
+    assert rel_err(dx[:n_rows], sliced_reference(dy, w, n_rows)[:n_rows]) < TOL[torch.float16]
 
 
 def test_impl_chooses_the_kernel():
@@ -102,10 +93,9 @@ def test_impl_chooses_the_kernel():
         assert rel_err(dx[:20], sliced_reference(dy, w, 20)[:20]) < TOL[torch.float16]
         picked[impl] = record.picked["fixed_slice_matmul"]
     assert "PERSISTENT" in picked["tma"] and "PERSISTENT" not in picked["pointer"]
-    # a slice of one 128 x 128 tile: split-K on Hopper, the pointer kernel elsewhere
-    assert ("SPLIT" in picked["auto"]) == (
-        DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
-    )
+    # a slice of one 128 x 128 tile: the short-slice kernel on Hopper, the pointer kernel elsewhere
+    on_hopper = DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+    assert picked["auto"].startswith("short:") == on_hopper, picked
     assert "PERSISTENT" not in picked["auto"]
 
 
@@ -116,8 +106,8 @@ def test_tma_kernel_refuses_what_a_descriptor_cannot_address():
         lambda: fixed_slice_matmul(dy, w, 0, impl="tma"),  # an empty slice
         lambda: fixed_slice_matmul(make((10, 15), torch.float16, 2), w[:15], 3, impl="tma"),  # 30-byte rows
         lambda: fixed_slice_matmul(dy, w[:, :7], 3, impl="tma"),  # 14-byte rows of dx
-        lambda: fixed_slice_matmul(dy, w, 0, impl="split"),  # the split kernel reads dy by descriptor too
-        lambda: fixed_slice_matmul(dy.float(), w.float(), 3, impl="split"),
+        lambda: fixed_slice_matmul(dy, w, 0, impl="short"),  # the short kernel reads dy by descriptor too
+        lambda: fixed_slice_matmul(dy.float(), w.float(), 3, impl="short"),
     ]:
         with pytest.raises(ValueError, match="impl"):
             call()
@@ -325,7 +315,7 @@ def test_every_tma_tile_builds_for_hopper_within_its_shared_memory_and_without_s
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
 
 
-_SPLIT_BUILD = r"""
+_SHORT_BUILD = r"""
 import json
 import triton
 from triton.backends.compiler import GPUTarget
@@ -334,15 +324,14 @@ from tritonlab import sparse_ffn
 from tritonlab.tuning import ptxas_report
 
 results = []
-for m, n, k, w, s in sparse_ffn._SPLIT_TILES:
+for m, n, k, w, s in sparse_ffn._SHORT_TILES:
     sig = {"dy_desc": f"tensordesc<bf16[{m}, {k}]>", "w_desc": f"tensordesc<bf16[{k}, {n}]>",
-           "dx_desc": f"tensordesc<bf16[{m}, {n}]>", "partials_ptr": "*fp32", "arrivals_ptr": "*i32",
-           "T": "i32", "N_ROWS": "i32", "K": "i32", "D": "i32", "SPLIT": "i32"}
+           "dx_desc": f"tensordesc<bf16[{m}, {n}]>", "T": "i32", "N_ROWS": "i32", "K": "i32", "D": "i32"}
     consts = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}
     sig.update({name: "constexpr" for name in consts})
-    out = triton.compile(ASTSource(sparse_ffn._fixed_slice_matmul_split_kernel, sig, consts),
+    out = triton.compile(ASTSource(sparse_ffn._fixed_slice_matmul_short_kernel, sig, consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": s})
-    config = sparse_ffn._split_configs([(m, n, k, w, s)], (2,))[0]
+    config = sparse_ffn._short_configs([(m, n, k, w, s)])[0]
     results.append({"tile": [m, n, k, w, s], "shared": out.metadata.shared,
                     "estimate": sparse_ffn._smem(config, 2), **ptxas_report(out.asm["ptx"], "sm_90a")})
 print(json.dumps(results))
@@ -350,10 +339,10 @@ print(json.dumps(results))
 
 
 @pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
-def test_every_split_tile_builds_for_hopper_within_its_shared_memory_and_without_spills():
-    """The split kernel's sm_90a builds: the pipelined input tiles are its shared memory (the epilogue
-    reuses them), as the pruner estimates to 0.1%; nothing spills."""
-    results = json.loads(run_without_interpreter(_SPLIT_BUILD).stdout.strip().splitlines()[-1])
+def test_every_short_tile_builds_for_hopper_within_its_shared_memory_and_without_spills():
+    """The short-slice kernel's sm_90a builds: the pipelined input tiles are its shared memory (the
+    epilogue reuses them), as the pruner estimates to 0.1%; nothing spills."""
+    results = json.loads(run_without_interpreter(_SHORT_BUILD).stdout.strip().splitlines()[-1])
     assert len(results) == 8
     for r in results:
         assert (
@@ -428,23 +417,23 @@ def test_gpu_gluon_kernel_against_float64_with_exact_zeros_past_the_slice(dtype,
 
 
 @pytest.mark.gpu
-def test_gpu_auto_takes_gluon_over_a_long_k_and_split_k_for_a_short_slice():
+def test_gpu_auto_takes_gluon_over_a_long_k_and_the_short_kernel_for_a_short_slice():
     from tritonlab._runtime import sm_count
     from tritonlab.tuning import ConfigRecord
 
     if torch.cuda.get_device_capability()[0] != 9 or sm_count() < 132:
         pytest.skip("an H100/H200: 132 SMs")
     dy, w = make((4096, 3072), torch.bfloat16, 0), make((3072, 768), torch.bfloat16, 1)
-    # 192 x 128 tiles of the slice: 132 (one wave), 66 (0.5 waves: split-K, with 96 tiles of 128 x 128,
-    # 48 at N = 1 024); over K = 768 never Gluon
+    # 192 x 128 tiles of the slice: 132 (one wave), 66 (0.5 waves: the short kernel, with 96 tiles of
+    # 128 x 128, 48 at N = 1 024); over K = 768 never Gluon
     for n_rows, kernel in [
         (4096, "gluon:"),
-        (2048, "SPLIT"),
-        (1024, "SPLIT"),
+        (2048, "short:"),
+        (1024, "short:"),
     ]:
         record = ConfigRecord()
         fixed_slice_matmul(dy, w, n_rows, record=record)
-        assert kernel in record.picked["fixed_slice_matmul"], (n_rows, record.picked)
+        assert record.picked["fixed_slice_matmul"].startswith(kernel), (n_rows, record.picked)
     record = ConfigRecord()
     fixed_slice_matmul(dy[:, :768], w[:768], 4096, record=record)
     assert not record.picked["fixed_slice_matmul"].startswith("gluon:"), record.picked
@@ -454,12 +443,12 @@ def test_gpu_auto_takes_gluon_over_a_long_k_and_split_k_for_a_short_slice():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(("K", "D"), [(3072, 768), (768, 3072)])
 @pytest.mark.parametrize("fraction", [0, 1 / 8, 1 / 2, 1])
-@pytest.mark.parametrize("impl", ["auto", "pointer", "split"])
+@pytest.mark.parametrize("impl", ["auto", "pointer", "short"])
 def test_gpu_kernel_at_bert_base_shapes(dtype, K, D, fraction, impl):
     T = 32 * 128 + 5  # a ragged last row block
     n_rows = int(T * fraction)
-    if impl == "split" and (dtype == torch.float32 or n_rows == 0):
-        pytest.skip("the split kernel takes 16-bit operands and a slice that is not empty")
+    if impl == "short" and (dtype == torch.float32 or n_rows == 0):
+        pytest.skip("the short kernel takes 16-bit operands and a slice that is not empty")
     dy, w = make((T, K), dtype, 0), make((K, D), dtype, 1)
     with poisoned_empty():
         dx = fixed_slice_matmul(dy, w, n_rows, impl=impl)

@@ -1,9 +1,9 @@
-"""Split-K for short slices: each kernel of fixed_slice_matmul forced by ``impl`` against cuBLAS on the
-slice (``dy[:N] @ w``; ``split-slice-only``: the split kernel on dy[:N], no zero tiles) and against
+"""Short slices: each kernel of fixed_slice_matmul forced by ``impl`` against cuBLAS on the slice
+(``dy[:N] @ w``; ``short-slice-only``: the short-slice kernel on dy[:N], no zero tiles) and against
 the same output made by torch (``dx[N:].zero_()`` then
 ``torch.mm(dy[:N], w, out=dx[:N])``), at bert-base's two FFN dX GEMMs, bf16, GPU time (each call
-behind a 1 ms GPU sleep, as the phase times it). N = 0 also times ``torch.zeros``. Prints the split
-kernel's tuner timings per config.
+behind a 1 ms GPU sleep, as the phase times it). N = 0 also times ``torch.zeros``. Prints the
+short-slice kernel's tuner timings per config. (Until 8d2aed2 that kernel could split K: impl "split".)
 
     PYTHONPATH=. python3 reports/data/sparse_ffn/diagnostics/split_k/split_k.py   (OUT=<dir> for the CSV)
 """
@@ -41,8 +41,8 @@ def measure(dy, w, n: int) -> list[dict]:
         times["torch-zeros"] = timed(lambda: torch.zeros(T, D, device="cuda", dtype=torch.bfloat16))
     ref = same_output()
     picks = {}
-    for impl in ("auto", "split", "tma", "gluon", "pointer"):
-        if n == 0 and impl in ("split", "tma", "gluon"):
+    for impl in ("auto", "short", "tma", "gluon", "pointer"):
+        if n == 0 and impl in ("short", "tma", "gluon"):
             continue
         record = ConfigRecord()
         out = sparse_ffn.fixed_slice_matmul(dy, w, n, impl=impl, record=record)
@@ -51,15 +51,15 @@ def measure(dy, w, n: int) -> list[dict]:
         assert err < 1e-2, (impl, err)
         times[impl] = timed(lambda impl=impl: sparse_ffn.fixed_slice_matmul(dy, w, n, impl=impl))
         picks[impl] = record.picked.get("fixed_slice_matmul", "")
-        if impl == "split":
-            for config, t in sparse_ffn._fixed_slice_matmul_split.configs_timings.items():
+        if impl == "short":
+            for config, t in sparse_ffn._fixed_slice_matmul_short.configs_timings.items():
                 ms = float(t[0] if isinstance(t, list | tuple) else t)
                 print(f"  tuner {T}x{K}->{D} N={n}: {ms * 1e3:7.1f} us {describe_config(config)}")
-    if n:  # the split kernel on the slice alone: its product without the zero tiles
-        times["split-slice-only"] = timed(lambda: sparse_ffn.fixed_slice_matmul(dy[:n], w, n, impl="split"))
+    if n:  # the short-slice kernel on the slice alone: its product without the zero tiles
+        times["short-slice-only"] = timed(lambda: sparse_ffn.fixed_slice_matmul(dy[:n], w, n, impl="short"))
     line = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in times.items())
     print(
-        f"{T}x{K}->{D} N={n}: {line} (us); split pick {picks.get('split', '')}; auto {picks['auto']}",
+        f"{T}x{K}->{D} N={n}: {line} (us); short pick {picks.get('short', '')}; auto {picks['auto']}",
         flush=True,
     )
     return [
