@@ -144,6 +144,30 @@ def _tile_coords(tile, n_m, n_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _descriptor_tile(dy_desc, w_desc, dx_desc, tile, n_m, n_n, K, GROUP_M: tl.constexpr):
+    """Output tile ``tile`` of the slice through tensor descriptors: its K loop, then its store."""
+    BLOCK_M: tl.constexpr = dx_desc.block_shape[0]
+    BLOCK_N: tl.constexpr = dx_desc.block_shape[1]
+    BLOCK_K: tl.constexpr = dy_desc.block_shape[1]
+    pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = dy_desc.load([pid_m * BLOCK_M, k0])
+        b = w_desc.load([k0, pid_n * BLOCK_N])
+        acc = tl.dot(a, b, acc)
+    dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
+
+
+@triton.jit
+def _descriptor_zero_tile(dx_desc, zero, n_m, n_n):
+    """Zero tile ``zero`` past the slice's ``n_m`` row blocks."""
+    BLOCK_M: tl.constexpr = dx_desc.block_shape[0]
+    BLOCK_N: tl.constexpr = dx_desc.block_shape[1]
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
+    dx_desc.store([(n_m + zero // n_n) * BLOCK_M, (zero % n_n) * BLOCK_N], zeros)
+
+
+@triton.jit
 def _fixed_slice_matmul_tma_kernel(
     dy_desc, w_desc, dx_desc, T, N_ROWS, K, D,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -157,16 +181,9 @@ def _fixed_slice_matmul_tma_kernel(
     n_m = tl.cdiv(N_ROWS, BLOCK_M)
     n_n = tl.cdiv(D, BLOCK_N)
     for tile in tl.range(start, n_m * n_n, programs, flatten=FLATTEN):
-        pid_m, pid_n = _tile_coords(tile, n_m, n_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            a = dy_desc.load([pid_m * BLOCK_M, k0])
-            b = w_desc.load([k0, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc)
-        dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
-    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
-    for tile in range(start, (tl.cdiv(T, BLOCK_M) - n_m) * n_n, programs):
-        dx_desc.store([(n_m + tile // n_n) * BLOCK_M, (tile % n_n) * BLOCK_N], zeros)
+        _descriptor_tile(dy_desc, w_desc, dx_desc, tile, n_m, n_n, K, GROUP_M)
+    for zero in range(start, (tl.cdiv(T, BLOCK_M) - n_m) * n_n, programs):
+        _descriptor_zero_tile(dx_desc, zero, n_m, n_n)
 
 
 @triton.jit
@@ -180,17 +197,9 @@ def _fixed_slice_matmul_short_kernel(
     n_m = tl.cdiv(N_ROWS, BLOCK_M)
     n_n = tl.cdiv(D, BLOCK_N)
     if pid < n_m * n_n:
-        pid_m, pid_n = _tile_coords(pid, n_m, n_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            a = dy_desc.load([pid_m * BLOCK_M, k0])
-            b = w_desc.load([k0, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc)
-        dx_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(dx_desc.dtype))
+        _descriptor_tile(dy_desc, w_desc, dx_desc, pid, n_m, n_n, K, GROUP_M)
     else:
-        zero = pid - n_m * n_n
-        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dx_desc.dtype)
-        dx_desc.store([(n_m + zero // n_n) * BLOCK_M, (zero % n_n) * BLOCK_N], zeros)
+        _descriptor_zero_tile(dx_desc, pid - n_m * n_n, n_m, n_n)
 
 
 # --- the warp-specialised Gluon kernel (Hopper): one output tile a program ---------------------------
@@ -405,14 +414,28 @@ def _tma_smem(config: triton.Config, element_size: int) -> int:
     return _smem(config, element_size) + kw["BLOCK_M"] * kw["BLOCK_N"] * element_size
 
 
-def _tma_configs(tiles) -> list[triton.Config]:
-    return [
-        triton.Config(
-            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M, "PERSISTENT": p, "FLATTEN": f},
-            num_warps=w, num_stages=s, pre_hook=_set_tma_blocks,
-        )
-        for m, n, k, w, s, p, f in tiles
-    ]  # fmt: skip
+def _descriptor_config(m: int, n: int, k: int, warps: int, stages: int, **flags) -> triton.Config:
+    """A tile of the kernels that read and write through tensor descriptors (the TMA and short-slice
+    kernels), ``flags`` their own constexprs; the descriptors take its block shapes before launch."""
+    return triton.Config(
+        {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M, **flags},
+        num_warps=warps, num_stages=stages, pre_hook=_set_tma_blocks,
+    )  # fmt: skip
+
+
+def _descriptor_autotune(kernel, configs: list[triton.Config], name: str, smem):
+    """``kernel`` autotuned over ``configs`` pruned by ``smem`` (bytes of shared memory per config),
+    keyed as every descriptor kernel here: rows and N bucket to powers of two; Hopper only."""
+    return tuning_tables.autotune(
+        configs,
+        name=name,
+        phase="sparse_ffn",
+        key=["T", "N_ROWS", "K", "D"],
+        dtype_arg="dy_desc",
+        buckets={"T": tuning_tables.pow2_bucket, "N_ROWS": tuning_tables.pow2_bucket},
+        runs_on_sm80=lambda config: False,
+        prune_configs_by={"early_config_prune": shared_memory_pruner(smem, "dy_desc")},
+    )(kernel)
 
 
 _FALLBACK = [] if INTERPRET else _configs(_FALLBACK_TILES)
@@ -429,16 +452,15 @@ _fixed_slice_matmul = tuning_tables.autotune(
 )(_fixed_slice_matmul_kernel)
 
 
-_fixed_slice_matmul_tma = tuning_tables.autotune(
-    _tma_configs(_CPU_TMA_TILES if INTERPRET else _TMA_TILES),
-    name="sparse_ffn.fixed_slice_matmul_tma",
-    phase="sparse_ffn",
-    key=["T", "N_ROWS", "K", "D"],
-    dtype_arg="dy_desc",
-    buckets={"T": tuning_tables.pow2_bucket, "N_ROWS": tuning_tables.pow2_bucket},
-    runs_on_sm80=lambda config: False,
-    prune_configs_by={"early_config_prune": shared_memory_pruner(_tma_smem, "dy_desc")},
-)(_fixed_slice_matmul_tma_kernel)
+_fixed_slice_matmul_tma = _descriptor_autotune(
+    _fixed_slice_matmul_tma_kernel,
+    [
+        _descriptor_config(m, n, k, w, s, PERSISTENT=p, FLATTEN=f)
+        for m, n, k, w, s, p, f in (_CPU_TMA_TILES if INTERPRET else _TMA_TILES)
+    ],
+    "sparse_ffn.fixed_slice_matmul_tma",
+    _tma_smem,
+)
 
 # The short-slice kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the deeper rings keep more of a
 # short slice's loads in flight, where one program per SM streams its K range.
@@ -455,30 +477,16 @@ _SHORT_TILES = [
 _CPU_SHORT_TILES = [(32, 32, 32, 1, 1)]
 
 
-def _short_configs(tiles) -> list[triton.Config]:
-    return [
-        triton.Config(
-            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": _GROUP_M},
-            num_warps=w, num_stages=s, pre_hook=_set_tma_blocks,
-        )
-        for m, n, k, w, s in tiles
-    ]  # fmt: skip
-
-
 def _sms(t: Tensor) -> int:
     return sm_count(t.device) if t.is_cuda else 4  # the interpreter: a few programs a wave
 
 
-_fixed_slice_matmul_short = tuning_tables.autotune(
-    _short_configs(_CPU_SHORT_TILES if INTERPRET else _SHORT_TILES),
-    name="sparse_ffn.fixed_slice_matmul_short",
-    phase="sparse_ffn",
-    key=["T", "N_ROWS", "K", "D"],
-    dtype_arg="dy_desc",
-    buckets={"T": tuning_tables.pow2_bucket, "N_ROWS": tuning_tables.pow2_bucket},
-    runs_on_sm80=lambda config: False,
-    prune_configs_by={"early_config_prune": shared_memory_pruner(_smem, "dy_desc")},
-)(_fixed_slice_matmul_short_kernel)
+_fixed_slice_matmul_short = _descriptor_autotune(
+    _fixed_slice_matmul_short_kernel,
+    [_descriptor_config(*tile) for tile in (_CPU_SHORT_TILES if INTERPRET else _SHORT_TILES)],
+    "sparse_ffn.fixed_slice_matmul_short",
+    _smem,
+)
 
 IMPLS = ("auto", "gluon", "short", "tma", "pointer")
 # Per call signature (dy's and w's layouts, n_rows, the kernel; the dot precision, which follows
@@ -605,10 +613,8 @@ def fixed_slice_matmul(
     use_short = impl == "short" or (hopper_tma and _short_preferred(dy, w, n_rows))
     use_tma = impl == "tma" or (hopper_tma and not use_short)
 
-    def grid(meta):
+    def grid(meta):  # a program a tile (the short kernel's: the slice's and the zero tiles past it)
         tiles = cdiv(T, meta["BLOCK_M"]) * cdiv(D, meta["BLOCK_N"])
-        if use_short:  # a program a tile, the slice's and the zero tiles past it
-            return (tiles,)
         return (min(tiles, sm_count(dy.device)) if meta.get("PERSISTENT") else tiles,)
 
     if use_tma or use_short:

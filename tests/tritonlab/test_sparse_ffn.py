@@ -279,76 +279,65 @@ def test_replace_ffn_refuses_other_models_bad_layers_and_bad_n_rows():
     assert type(model.base_model.encoder.layer[0].output.dense) is nn.Linear  # nothing was replaced
 
 
-_TMA_BUILD = r"""
-import json
+# The sm_90a builds of a descriptor kernel's tiles (argv[1]: "tma" or "short"): shared memory, the
+# pruner's estimate of it and ptxas's report, per tile.
+_DESCRIPTOR_BUILD = r"""
+import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tritonlab import sparse_ffn
 from tritonlab.tuning import ptxas_report
 
+if sys.argv[1] == "tma":
+    kernel, smem = sparse_ffn._fixed_slice_matmul_tma_kernel, sparse_ffn._tma_smem
+    tiles = [(m, n, k, w, s, {"PERSISTENT": p, "FLATTEN": f}) for m, n, k, w, s, p, f in sparse_ffn._TMA_TILES]
+else:
+    kernel, smem = sparse_ffn._fixed_slice_matmul_short_kernel, sparse_ffn._smem
+    tiles = [(*tile, {}) for tile in sparse_ffn._SHORT_TILES]
 results = []
-for m, n, k, w, s, p, f in sparse_ffn._TMA_TILES:
+for m, n, k, w, s, flags in tiles:
     sig = {"dy_desc": f"tensordesc<bf16[{m}, {k}]>", "w_desc": f"tensordesc<bf16[{k}, {n}]>",
            "dx_desc": f"tensordesc<bf16[{m}, {n}]>", "T": "i32", "N_ROWS": "i32", "K": "i32", "D": "i32"}
-    consts = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "PERSISTENT": p, "FLATTEN": f}
+    consts = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, **flags}
     sig.update({name: "constexpr" for name in consts})
-    out = triton.compile(ASTSource(sparse_ffn._fixed_slice_matmul_tma_kernel, sig, consts),
+    out = triton.compile(ASTSource(kernel, sig, consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": s})
-    config = sparse_ffn._tma_configs([(m, n, k, w, s, p, f)])[0]
+    config = sparse_ffn._descriptor_config(m, n, k, w, s, **flags)
     results.append({"tile": [m, n, k, w, s], "shared": out.metadata.shared,
-                    "estimate": sparse_ffn._tma_smem(config, 2), **ptxas_report(out.asm["ptx"], "sm_90a")})
+                    "estimate": smem(config, 2), **ptxas_report(out.asm["ptx"], "sm_90a")})
 print(json.dumps(results))
 """
+
+
+def _descriptor_builds(kernel: str) -> list[dict]:
+    return json.loads(run_without_interpreter(_DESCRIPTOR_BUILD, kernel).stdout.strip().splitlines()[-1])
+
+
+def _assert_fit_as_estimated_without_spills(results: list[dict]) -> None:
+    for r in results:
+        assert (
+            r["shared"] <= HOPPER_SHARED_MEMORY and abs(r["shared"] - r["estimate"]) <= 0.001 * r["shared"]
+        ), r
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
 
 
 @pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_every_tma_tile_builds_for_hopper_within_its_shared_memory_and_without_spills():
     """The TMA kernel's sm_90a builds, compiled on the CPU: each fits Hopper's 227 KB of shared memory
     a block, the pruner's estimate is the build's to 0.1%, and nothing spills."""
-    results = json.loads(run_without_interpreter(_TMA_BUILD).stdout.strip().splitlines()[-1])
+    results = _descriptor_builds("tma")
     assert len(results) == 6
-    for r in results:
-        assert (
-            r["shared"] <= HOPPER_SHARED_MEMORY and abs(r["shared"] - r["estimate"]) <= 0.001 * r["shared"]
-        ), r
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
-
-
-_SHORT_BUILD = r"""
-import json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from tritonlab import sparse_ffn
-from tritonlab.tuning import ptxas_report
-
-results = []
-for m, n, k, w, s in sparse_ffn._SHORT_TILES:
-    sig = {"dy_desc": f"tensordesc<bf16[{m}, {k}]>", "w_desc": f"tensordesc<bf16[{k}, {n}]>",
-           "dx_desc": f"tensordesc<bf16[{m}, {n}]>", "T": "i32", "N_ROWS": "i32", "K": "i32", "D": "i32"}
-    consts = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}
-    sig.update({name: "constexpr" for name in consts})
-    out = triton.compile(ASTSource(sparse_ffn._fixed_slice_matmul_short_kernel, sig, consts),
-                         target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": s})
-    config = sparse_ffn._short_configs([(m, n, k, w, s)])[0]
-    results.append({"tile": [m, n, k, w, s], "shared": out.metadata.shared,
-                    "estimate": sparse_ffn._smem(config, 2), **ptxas_report(out.asm["ptx"], "sm_90a")})
-print(json.dumps(results))
-"""
+    _assert_fit_as_estimated_without_spills(results)
 
 
 @pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
 def test_every_short_tile_builds_for_hopper_within_its_shared_memory_and_without_spills():
     """The short-slice kernel's sm_90a builds: the pipelined input tiles are its shared memory (the
     epilogue reuses them), as the pruner estimates to 0.1%; nothing spills."""
-    results = json.loads(run_without_interpreter(_SHORT_BUILD).stdout.strip().splitlines()[-1])
+    results = _descriptor_builds("short")
     assert len(results) == 8
-    for r in results:
-        assert (
-            r["shared"] <= HOPPER_SHARED_MEMORY and abs(r["shared"] - r["estimate"]) <= 0.001 * r["shared"]
-        ), r
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+    _assert_fit_as_estimated_without_spills(results)
 
 
 _GLUON_BUILD = r"""
