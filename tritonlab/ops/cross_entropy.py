@@ -76,8 +76,6 @@ class CrossEntropySettings:
     fixed_max: bool = True
     # Sweep 2 writes the target's element after the row, not through a comparison a logit.
     target_fixup: bool = True
-    # Each row's first block is prefetched into L2 while the program works on the row before.
-    row_prefetch: bool = True
 
     def block_v(self, element_size: int) -> int:
         return next_power_of_2(max(16, self.block_bytes // element_size))
@@ -104,8 +102,7 @@ def fast_tanh(dtype: torch.dtype) -> bool:
     return not INTERPRET and dtype.itemsize == 2
 
 
-# Inline PTX (``_exp2``, ``_prefetch_l2``) only where there is a GPU to run it.
-_GPU = tl.constexpr(not INTERPRET)
+_FTZ_EXP = tl.constexpr(not INTERPRET)
 LOG2E = tl.constexpr(1.4426950408889634)
 _SCALE_BLOCK = 512 if INTERPRET else 4096
 
@@ -148,25 +145,6 @@ def _row_logsumexp(row_logits, n_cols, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(row_logits, n_cols, BLOCK_V: tl.constexpr):
-    """Ask L2 for a row's first ``BLOCK_V`` logits, one ``prefetch.global.L2`` per 128-byte line:
-    issued when the program starts the row before, it lets that row's sweep 1 find its first block
-    in L2 instead of waiting for device memory -- registers hold nothing for it. No-op in the
-    interpreter."""
-    if _GPU:
-        line: tl.constexpr = 1024 // row_logits.dtype.element_ty.primitive_bitwidth  # elements a line
-        offs = tl.minimum(tl.arange(0, BLOCK_V // line) * line, n_cols - 1)
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;",
-            "=r,l",
-            [row_logits + offs],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-
-@triton.jit
 def _cross_entropy_fwd_kernel(
     LOGITS,
     TARGET,
@@ -195,14 +173,10 @@ def _cross_entropy_fwd_kernel(
     FIXED_MAX: tl.constexpr = False,
     TARGET_FIXUP: tl.constexpr = True,
     TILE_COLS: tl.constexpr = None,
-    ROW_PREFETCH: tl.constexpr = True,
 ):
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
-    step = tl.num_programs(0)
-    for row in range(tl.program_id(0), n_rows, step):
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row_logits = LOGITS + tl.cast(row, tl.int64) * stride_logits
-        if ROW_PREFETCH and row + step < n_rows:
-            _prefetch_l2(row_logits + tl.cast(step, tl.int64) * stride_logits, n_cols, BLOCK_V)
         target = tl.load(TARGET + row).to(tl.int64)
         ignored = target == ignore_index
         if HAS_WEIGHT or HAS_SMOOTHING or HAS_SOFTCAP or HAS_ZLOSS:
@@ -305,7 +279,7 @@ def _exp2(x):
     instruction made the z-loss and smoothing kernels 7-10% slower (3.50 against 3.17 ms, 3.35 against
     3.13: ``reports/data/kernel_suite/diagnostics/``), so the other sweeps keep ``tl.exp``. The
     interpreter keeps ``tl.exp2``."""
-    if _GPU:
+    if _FTZ_EXP:
         return tl.inline_asm_elementwise(
             "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
@@ -664,7 +638,6 @@ class CrossEntropyFunction(torch.autograd.Function):
                 COMPUTE_GRAD=compute_grad,
                 BLOCK_V=settings.block_v(rows.element_size()),
                 TARGET_FIXUP=settings.target_fixup,
-                ROW_PREFETCH=settings.row_prefetch,
                 num_warps=settings.num_warps,
                 **option_args,
             ),

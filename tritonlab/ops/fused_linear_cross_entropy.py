@@ -149,7 +149,6 @@ def _chunked_pass(
                 MEAN=mean,
                 COMPUTE_GRAD=compute_grad,
                 BLOCK_V=block_v,
-                ROW_PREFETCH=settings.row_prefetch,
                 num_warps=settings.num_warps,
                 **option_args,
             ),
