@@ -76,6 +76,9 @@ class CrossEntropySettings:
     fixed_max: bool = True
     # Sweep 2 writes the target's element after the row, not through a comparison a logit.
     target_fixup: bool = True
+    # ptxas's register cap (``maxnreg``), so that ``programs_per_sm`` programs fit an SM's 64K
+    # registers; None leaves the count to ptxas.
+    max_registers: int | None = None
 
     def block_v(self, element_size: int) -> int:
         return next_power_of_2(max(16, self.block_bytes // element_size))
@@ -90,8 +93,29 @@ class CrossEntropySettings:
         """Whether the softcapped sweep takes the softcap as the row's max (``_row_stats``) here."""
         return self.fixed_max and softcap is not None and softcap <= SOFTCAP_FIXED_MAX
 
+    def launch_options(self) -> dict:
+        """The compiler's options of these settings, as ``kernel[grid]`` takes them."""
+        options = {"num_warps": self.num_warps}
+        if self.max_registers is not None:
+            options["maxnreg"] = self.max_registers
+        return options
+
 
 DEFAULT_SETTINGS = CrossEntropySettings()
+# Rows of at most SHORT_ROW_BYTES run two programs an SM, half the warps and half the block each: one
+# program's reductions and special-function work overlap the other's loads, which a single program
+# (one 64 KB block a row) leaves exposed. 64 registers a thread fit both; the smoothing and the
+# softcap took 116 and 84 without the cap, leaving room for one. Longer rows keep one program an SM
+# so that the rows in flight stay in L2 for sweep 2.
+SHORT_ROW_SETTINGS = CrossEntropySettings(
+    block_bytes=2048 if INTERPRET else 32768, num_warps=16, programs_per_sm=2.0, max_registers=64
+)
+SHORT_ROW_BYTES = 65536
+
+
+def settings_for(n_cols: int, element_size: int) -> CrossEntropySettings:
+    """The launch settings of rows of ``n_cols`` logits of ``element_size`` bytes."""
+    return SHORT_ROW_SETTINGS if n_cols * element_size <= SHORT_ROW_BYTES else DEFAULT_SETTINGS
 
 
 def fast_tanh(dtype: torch.dtype) -> bool:
@@ -586,10 +610,10 @@ class CrossEntropyFunction(torch.autograd.Function):
         options = options if options is not None and not options.plain else None
         # One setting for every option: the softcap's fixed max keeps its per-lane sums in
         # [TILE_COLS] vectors (``_row_stats``); its [BLOCK_V] vectors spilled at 64 KB blocks.
-        settings = settings or DEFAULT_SETTINGS
         shape = logits.shape
         rows = as_rows(logits)
         n_rows, n_cols = rows.shape
+        settings = settings or settings_for(n_cols, rows.element_size())
         target = target.reshape(-1)
         compute_grad = ctx.needs_input_grad[0]
         if not compute_grad:
@@ -638,7 +662,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                 COMPUTE_GRAD=compute_grad,
                 BLOCK_V=settings.block_v(rows.element_size()),
                 TARGET_FIXUP=settings.target_fixup,
-                num_warps=settings.num_warps,
+                **settings.launch_options(),
                 **option_args,
             ),
         )

@@ -54,7 +54,6 @@ from .._launch import LaunchCache, first_launch, launch
 from .._runtime import INTERPRET
 from ..checks import check_same, check_tensor, persistent_programs
 from .cross_entropy import (
-    DEFAULT_SETTINGS,
     _cross_entropy_fwd_kernel,
     _out_of_range_count,
     _raise_out_of_range,
@@ -62,6 +61,7 @@ from .cross_entropy import (
     _target_stats_kernel,
     check_target,
     fast_tanh,
+    settings_for,
 )
 
 # Bytes of one chunk's logits: large enough that each chunk's GEMMs run at full speed on an H100
@@ -109,7 +109,7 @@ def _chunked_pass(
     )
     stats_seen = _stats_to_host(stats) if check_targets else None
 
-    settings = DEFAULT_SETTINGS
+    settings = settings_for(vocab, x.element_size())
     option_args = {}
     if label_smoothing != 0.0 or softcap is not None:
         option_args = dict(
@@ -149,7 +149,7 @@ def _chunked_pass(
                 MEAN=mean,
                 COMPUTE_GRAD=compute_grad,
                 BLOCK_V=block_v,
-                num_warps=settings.num_warps,
+                **settings.launch_options(),
                 **option_args,
             ),
         )
