@@ -5,7 +5,7 @@ each, so that a drift of the GPU's clock falls on both; per cell the median of t
 option's ratio to the plain loss under the same settings. Both settings must give the same loss and
 gradient within two bf16 roundings (their blocks, hence their sums, differ).
 
-    PYTHONPATH=. python3 reports/data/kernel_suite/diagnostics/ce_short_rows.py
+    PYTHONPATH=. python3 reports/data/kernel_suite/diagnostics/ce_short_rows.py [ROWSxVOCAB ...]
 """
 
 import statistics
@@ -24,9 +24,9 @@ SHAPES = [(4096, 32000), (16384, 32000), (8192, 50257), (8192, 65536), (4096, 12
 ROUNDS = 3
 
 
-def main():
+def main(shapes):
     torch.manual_seed(0)
-    for rows, vocab in SHAPES:
+    for rows, vocab in shapes:
         logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16)
         target = torch.randint(0, vocab, (rows,), device="cuda")
         gbytes = 2 * logits.numel() * logits.element_size() / 1e9
@@ -51,13 +51,18 @@ def main():
                     f"rounds {' '.join(f'{s * 1e3:.1f}' for s in samples[name])})"
                 )
             ratio = times[option, "two/SM"] / times[option, "one/SM"]
-            print(f"{rows}x{vocab} {option:9s} {'  '.join(cells)}  two/one {ratio:.3f}  agree: {same}", flush=True)
+            print(
+                f"{rows}x{vocab} {option:9s} {'  '.join(cells)}  two/one {ratio:.3f}  agree: {same}",
+                flush=True,
+            )
         for name in SETTINGS:
             ratios = "  ".join(
-                f"{option} {times[option, name] / times['plain', name]:.3f}x" for option in OPTIONS if option != "plain"
+                f"{option} {times[option, name] / times['plain', name]:.3f}x"
+                for option in OPTIONS
+                if option != "plain"
             )
             print(f"{rows}x{vocab} {name} against plain: {ratios}", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main([tuple(int(n) for n in arg.split("x")) for arg in sys.argv[1:]] or SHAPES)
