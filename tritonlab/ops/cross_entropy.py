@@ -198,24 +198,18 @@ def _cross_entropy_fwd_kernel(
     FIXED_MAX: tl.constexpr = False,
     TARGET_FIXUP: tl.constexpr = True,
     TILE_COLS: tl.constexpr = None,
-    SUM_Z_PER_PROGRAM: tl.constexpr = False,
 ):
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
-    if SUM_Z_PER_PROGRAM:
-        program_z = tl.zeros([TILE_COLS], dtype=tl.float32)
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row_logits = LOGITS + tl.cast(row, tl.int64) * stride_logits
         target = tl.load(TARGET + row).to(tl.int64)
         ignored = target == ignore_index
         if HAS_WEIGHT or HAS_SMOOTHING or HAS_SOFTCAP or HAS_ZLOSS:
-            row_z = _options_row(
+            _options_row(
                 row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols,
                 stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
                 HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP,
-                SUM_Z_PER_PROGRAM,
             )  # fmt: skip
-            if SUM_Z_PER_PROGRAM:
-                program_z += row_z
         else:
             _plain_row(
                 row_logits,
@@ -231,9 +225,6 @@ def _cross_entropy_fwd_kernel(
                 BLOCK_V,
                 TARGET_FIXUP,
             )
-    if SUM_Z_PER_PROGRAM:
-        # The smoothing's term of the program's rows, one entry past the rows (the host sums them all).
-        tl.store(LOSS + n_rows + tl.program_id(0), tl.sum(program_z, axis=0))
 
 
 @triton.jit
@@ -422,7 +413,7 @@ def _tile(BLOCK_V: tl.constexpr, TILE_COLS: tl.constexpr):
 def _options_row(
     row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols, stride_grad,
     smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
-    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP, SUM_Z_PER_PROGRAM,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP,
 ):  # fmt: skip
     """One row with options, z the (softcapped) logits, w the class weights (1 without), eps the
     smoothing, C = n_cols, W = sum of w:
@@ -437,10 +428,7 @@ def _options_row(
     The smoothing's sum of w_c z_c is needed by the loss alone, not by the gradient: with a gradient,
     sweep 2, which computes z_c anyway, adds it up per lane over [BLOCK_V // TILE_COLS, TILE_COLS]
     tiles (one add a logit, a [TILE_COLS] accumulator; the columns past the row load as 0, whose z is
-    0: no mask) and the loss is stored after it; sweep 1 is then the loss without smoothing's. With
-    ``SUM_Z_PER_PROGRAM`` (a mean or a sum: only the rows' total is needed) the row's loss leaves that
-    term out and the accumulator, times its factor, is returned: the program adds its rows' up and
-    reduces them once, not once a row (a block reduction and its barriers). Otherwise returns 0."""
+    0: no mask) and the loss is stored after it; sweep 1 is then the loss without smoothing's."""
     # (the smoothing's sum in sweep 1 only without a gradient: with one, sweep 2 adds it up)
     if COMPUTE_GRAD:
         lse, weighted_z = _row_stats(
@@ -508,10 +496,7 @@ def _options_row(
             if HAS_SOFTCAP:
                 g *= 1.0 - t * t
             tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
-        if SUM_Z_PER_PROGRAM:
-            z_factor = -smoothing / n_cols_f * (softcap if HAS_SOFTCAP else 1.0)
-            row_z = lane_z * tl.where(ignored, 0.0, z_factor)
-        elif HAS_SMOOTHING:
+        if HAS_SMOOTHING:
             weighted_z = tl.sum(lane_z, axis=0)
             if HAS_SOFTCAP:
                 weighted_z *= softcap
@@ -542,10 +527,6 @@ def _options_row(
             z_loss *= inv_n * tl.load(WEIGHT_STATS + 1)
         loss += z_loss
     tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
-    if SUM_Z_PER_PROGRAM:
-        return row_z
-    else:
-        return 0.0
 
 
 @triton.jit
@@ -644,14 +625,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             grad = rows
         else:
             grad = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
-        programs = persistent_programs(n_rows, settings.programs_per_sm)
-        # The smoothing's logit sums per program, past the rows' losses (``_options_row``).
-        sum_z_per_program = (
-            options is not None and options.label_smoothing != 0.0 and compute_grad and reduction != "none"
-        )
-        loss_rows = torch.empty(
-            n_rows + (programs if sum_z_per_program else 0), dtype=torch.float32, device=logits.device
-        )
+        loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         stats = torch.empty(2, dtype=torch.int32, device=logits.device)  # (not ignored, out of range)
         weight = options.weight if options is not None else None
         # (sum of the class weights, sum of the counted targets' weights)
@@ -678,11 +652,10 @@ class CrossEntropyFunction(torch.autograd.Function):
                 FAST_TANH=fast_tanh(rows.dtype),
                 FIXED_MAX=settings.uses_fixed_max(options.softcap),
                 TILE_COLS=settings.tile_cols(rows.element_size()),
-                SUM_Z_PER_PROGRAM=sum_z_per_program,
             )
         _launch(
             _cross_entropy_fwd_kernel,
-            (programs,),
+            (persistent_programs(n_rows, settings.programs_per_sm),),
             (rows, target, loss_rows, grad, stats),
             (n_rows, n_cols, rows.stride(0), grad.stride(0), ignore_index),
             dict(
