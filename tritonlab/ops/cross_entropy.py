@@ -76,6 +76,9 @@ class CrossEntropySettings:
     fixed_max: bool = True
     # Sweep 2 writes the target's element after the row, not through a comparison a logit.
     target_fixup: bool = True
+    # Label smoothing with a gradient: the row's logit sum in sweep 2 (per lane, beside the gradient)
+    # or in sweep 1 (beside the exponentials, in the block reductions).
+    smoothing_sum_sweep2: bool = True
     # ptxas's register cap (``maxnreg``), so that ``programs_per_sm`` programs fit an SM's 64K
     # registers; None leaves the count to ptxas.
     max_registers: int | None = None
@@ -198,6 +201,7 @@ def _cross_entropy_fwd_kernel(
     FIXED_MAX: tl.constexpr = False,
     TARGET_FIXUP: tl.constexpr = True,
     TILE_COLS: tl.constexpr = None,
+    SWEEP2_SUM: tl.constexpr = True,
 ):
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -208,7 +212,7 @@ def _cross_entropy_fwd_kernel(
             _options_row(
                 row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols,
                 stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
-                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP, SWEEP2_SUM,
             )  # fmt: skip
         else:
             _plain_row(
@@ -413,7 +417,7 @@ def _tile(BLOCK_V: tl.constexpr, TILE_COLS: tl.constexpr):
 def _options_row(
     row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols, stride_grad,
     smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
-    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP, SWEEP2_SUM,
 ):  # fmt: skip
     """One row with options, z the (softcapped) logits, w the class weights (1 without), eps the
     smoothing, C = n_cols, W = sum of w:
@@ -428,12 +432,12 @@ def _options_row(
     The smoothing's sum of w_c z_c is needed by the loss alone, not by the gradient: with a gradient,
     sweep 2, which computes z_c anyway, adds it up per lane over [BLOCK_V // TILE_COLS, TILE_COLS]
     tiles (one add a logit, a [TILE_COLS] accumulator; the columns past the row load as 0, whose z is
-    0: no mask) and the loss is stored after it; sweep 1 is then the loss without smoothing's."""
-    # (the smoothing's sum in sweep 1 only without a gradient: with one, sweep 2 adds it up)
+    0: no mask) and the loss is stored after it; sweep 1 is then the loss without smoothing's. Without
+    ``SWEEP2_SUM`` sweep 1 adds the sum up in both cases."""
     if COMPUTE_GRAD:
         lse, weighted_z = _row_stats(
-            row_logits, WEIGHT, n_cols, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, False, HAS_SOFTCAP, FAST_TANH,
-            FIXED_MAX,
+            row_logits, WEIGHT, n_cols, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, HAS_SMOOTHING and not SWEEP2_SUM,
+            HAS_SOFTCAP, FAST_TANH, FIXED_MAX,
         )  # fmt: skip
     else:
         lse, weighted_z = _row_stats(
@@ -469,7 +473,7 @@ def _options_row(
         row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
         cap_log2 = softcap * LOG2E
         lse_log2 = lse * LOG2E
-        offs = _tile(BLOCK_V, TILE_COLS) if HAS_SMOOTHING else tl.arange(0, BLOCK_V)
+        offs = _tile(BLOCK_V, TILE_COLS) if HAS_SMOOTHING and SWEEP2_SUM else tl.arange(0, BLOCK_V)
         lane_z = tl.zeros([TILE_COLS], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK_V):
             cols = start + offs
@@ -492,11 +496,12 @@ def _options_row(
                     zs *= w
                 else:
                     g -= spread
-                lane_z += tl.sum(zs, axis=0)
+                if SWEEP2_SUM:
+                    lane_z += tl.sum(zs, axis=0)
             if HAS_SOFTCAP:
                 g *= 1.0 - t * t
             tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
-        if HAS_SMOOTHING:
+        if HAS_SMOOTHING and SWEEP2_SUM:
             weighted_z = tl.sum(lane_z, axis=0)
             if HAS_SOFTCAP:
                 weighted_z *= softcap
@@ -652,6 +657,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                 FAST_TANH=fast_tanh(rows.dtype),
                 FIXED_MAX=settings.uses_fixed_max(options.softcap),
                 TILE_COLS=settings.tile_cols(rows.element_size()),
+                SWEEP2_SUM=settings.smoothing_sum_sweep2,
             )
         _launch(
             _cross_entropy_fwd_kernel,

@@ -72,7 +72,8 @@ settings = DEFAULT_SETTINGS
 for name, fixed in (("fixed max", True), ("running max", False)):
     consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=settings.block_v(2), WEIGHT=None, WEIGHT_STATS=None,
                   HAS_WEIGHT=False, HAS_SMOOTHING=True, HAS_SOFTCAP=True, HAS_ZLOSS=True, FAST_TANH=True,
-                  FIXED_MAX=fixed, TILE_COLS=settings.tile_cols(2), TARGET_FIXUP=True)
+                  FIXED_MAX=fixed, TILE_COLS=settings.tile_cols(2), TARGET_FIXUP=True,
+                  SWEEP2_SUM=True)
     # The GPU's specialisation at 16384 x 128256: 16-byte aligned pointers, sizes and strides divisible by 16.
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in
              ("LOGITS", "TARGET", "LOSS", "GRAD", "N_VALID", "n_rows", "n_cols", "stride_logits", "stride_grad")}
@@ -109,7 +110,8 @@ out = {}
 for fixed in (True, False):
     consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=DEFAULT_SETTINGS.block_v(2), WEIGHT=None,
                   WEIGHT_STATS=None, HAS_WEIGHT=False, HAS_SMOOTHING=False, HAS_SOFTCAP=True, HAS_ZLOSS=False,
-                  FAST_TANH=True, FIXED_MAX=fixed, TILE_COLS=DEFAULT_SETTINGS.tile_cols(2), TARGET_FIXUP=True)
+                  FAST_TANH=True, FIXED_MAX=fixed, TILE_COLS=DEFAULT_SETTINGS.tile_cols(2), TARGET_FIXUP=True,
+                  SWEEP2_SUM=True)
     compiled = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}},
                                         constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": DEFAULT_SETTINGS.num_warps})

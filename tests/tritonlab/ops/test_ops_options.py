@@ -189,11 +189,12 @@ def test_cross_entropy_softcap_with_the_fixed_and_the_running_max(softcap, fixed
 
 
 # The tiles' rows kept in each thread (one warp: 32 x 16-byte columns, so 4 tile rows at the
-# interpreter's 2 KB blocks), and the target's gradient through the comparison a logit instead of its
-# store after the row.
+# interpreter's 2 KB blocks), the target's gradient through the comparison a logit instead of its
+# store after the row, and the smoothing's logit sum in sweep 1 with a gradient too.
 _VARIANT_SETTINGS = {
     "tiled": dict(block_bytes=2048, num_warps=1),
     "target compared": dict(block_bytes=2048, num_warps=1, target_fixup=False),
+    "sum in sweep 1": dict(block_bytes=2048, num_warps=1, smoothing_sum_sweep2=False),
 }
 
 
