@@ -77,7 +77,7 @@ class CrossEntropySettings:
     # Sweep 2 writes the target's element after the row, not through a comparison a logit.
     target_fixup: bool = True
     # Label smoothing with a gradient: the row's logit sum in sweep 2 (per lane, beside the gradient)
-    # or in sweep 1 (beside the exponentials, in the block reductions).
+    # or in sweep 1 (beside the exponentials, in the block reductions; ``smoothing_in_sweep2``).
     smoothing_sum_sweep2: bool = True
     # ptxas's register cap (``maxnreg``), so that ``programs_per_sm`` programs fit an SM's 64K
     # registers; None leaves the count to ptxas.
@@ -96,6 +96,13 @@ class CrossEntropySettings:
         """Whether the softcapped sweep takes the softcap as the row's max (``_row_stats``) here."""
         return self.fixed_max and softcap is not None and softcap <= SOFTCAP_FIXED_MAX
 
+    def smoothing_in_sweep2(self, softcap: float | None, row_bytes: int) -> bool:
+        """Whether label smoothing sums the logits in sweep 2 (``SWEEP2_SUM``): as the settings say,
+        but always beside the fixed max (its sweep 1 spilled with the sum: every option on 1.10x at
+        32 000 bf16 logits two programs an SM) and on rows not a multiple of 16 bytes (smoothing
+        1.37x at 50 257), on the H100 (``reports/data/kernel_suite/diagnostics/ce_smoothing_sweep_*``)."""
+        return self.smoothing_sum_sweep2 or self.uses_fixed_max(softcap) or row_bytes % 16 != 0
+
     def launch_options(self) -> dict:
         """The compiler's options of these settings, as ``kernel[grid]`` takes them."""
         options = {"num_warps": self.num_warps}
@@ -112,7 +119,12 @@ DEFAULT_SETTINGS = CrossEntropySettings()
 # registers a thread fit both; the smoothing and the softcap took 116 and 84 without the cap, leaving
 # room for one. Longer rows keep one program an SM, so that the rows in flight stay in L2 for sweep 2.
 SHORT_ROW_SETTINGS = CrossEntropySettings(
-    block_bytes=2048 if INTERPRET else 32768, num_warps=16, programs_per_sm=2.0, max_registers=64
+    block_bytes=2048 if INTERPRET else 32768,
+    num_warps=16,
+    programs_per_sm=2.0,
+    max_registers=64,
+    # smoothing 1.023x the plain loss (sweep 2: 1.062x) at 4096 x 32000, 1.003x at 16384 x 32000
+    smoothing_sum_sweep2=False,
 )
 SHORT_ROW_BYTES = 100 * 1024
 
@@ -657,7 +669,11 @@ class CrossEntropyFunction(torch.autograd.Function):
                 FAST_TANH=fast_tanh(rows.dtype),
                 FIXED_MAX=settings.uses_fixed_max(options.softcap),
                 TILE_COLS=settings.tile_cols(rows.element_size()),
-                SWEEP2_SUM=settings.smoothing_sum_sweep2,
+                SWEEP2_SUM=settings.smoothing_in_sweep2(
+                    # the logits' rows and the gradient's (n_cols apart)
+                    options.softcap,
+                    math.gcd(rows.stride(0), n_cols) * rows.element_size(),
+                ),
             )
         _launch(
             _cross_entropy_fwd_kernel,

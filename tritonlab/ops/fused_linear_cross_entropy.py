@@ -120,7 +120,7 @@ def _chunked_pass(
             FAST_TANH=fast_tanh(x.dtype),
             FIXED_MAX=settings.uses_fixed_max(softcap),
             TILE_COLS=settings.tile_cols(x.element_size()),
-            SWEEP2_SUM=settings.smoothing_sum_sweep2,
+            SWEEP2_SUM=settings.smoothing_in_sweep2(softcap, vocab * x.element_size()),
         )
     block_v = settings.block_v(x.element_size())
 
