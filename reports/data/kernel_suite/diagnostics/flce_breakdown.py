@@ -37,8 +37,8 @@ def main():
         w = (torch.randn(vocab, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
         y = torch.randint(0, vocab, (tokens,), device="cuda")
         calls = {
-            "ours": lambda: torch.autograd.grad(fused_linear_cross_entropy(x, w, y), (x, w)),
-            "compile": lambda: torch.autograd.grad(compiled(x, w, y), (x, w)),
+            "ours": lambda x=x, w=w, y=y: torch.autograd.grad(fused_linear_cross_entropy(x, w, y), (x, w)),
+            "compile": lambda x=x, w=w, y=y: torch.autograd.grad(compiled(x, w, y), (x, w)),
         }
         samples = {name: [] for name in calls}
         for round_ in range(ROUNDS):
