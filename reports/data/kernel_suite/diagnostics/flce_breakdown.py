@@ -10,6 +10,7 @@ import collections
 import statistics
 
 import torch
+import torch._functorch.config
 import torch.nn.functional as F
 
 from common.timing import bench, cuda_kernel_events
