@@ -217,23 +217,28 @@ def _options_goal(every_run: pd.DataFrame) -> str:
                 continue
             group = max(shared, key=lambda g: with_opts.loc[[g], "utc"].max())
             row, plain_row = with_opts.loc[[group]].iloc[-1], base.loc[[group]].iloc[-1]
+            calls = f"{row['ms']:.3f} ms against {plain_row['ms']:.3f} ms plain"
+            if _host_bound(row) or _host_bound(plain_row):
+                # Both calls run the same Python and wait for the host: their times are its speed of the
+                # moment, not the options'. What the options add is on the GPU: judged there.
+                cost = row["device_ms"] / plain_row["device_ms"]
+                verdict = "met" if cost <= OPTIONS_COST_GOAL else "missed"
+                lines.append(
+                    f"- {what}, {shape}: host-bound (calls {calls}, {row['ms'] / plain_row['ms']:.2f}x); "
+                    f"judged on the kernels: {row['device_ms']:.3f} against {plain_row['device_ms']:.3f} ms, "
+                    f"{cost:.3f}x ({verdict}; run {group})"
+                )
+                continue
             cost = row["ms"] / plain_row["ms"]
             verdict = "met" if cost <= OPTIONS_COST_GOAL else "missed"
-            kernels = ""
-            if _host_bound(row) or _host_bound(plain_row):  # the kernels' own cost says more than the calls'
-                kernels = (
-                    f"; host-bound: the kernels take {row['device_ms']:.3f} against "
-                    f"{plain_row['device_ms']:.3f} ms, {row['device_ms'] / plain_row['device_ms']:.2f}x"
-                )
-            lines.append(
-                f"- {what}, {shape}: {row['ms']:.3f} ms against {plain_row['ms']:.3f} ms plain, "
-                f"{cost:.3f}x ({verdict}; run {group}){kernels}"
-            )
+            lines.append(f"- {what}, {shape}: {calls}, {cost:.3f}x ({verdict}; run {group})")
     if not lines:
         return ""
     return (
         "\nCross-entropy with its options (all on, then each alone), against the plain loss in the same "
-        f"run (goal: at most {OPTIONS_COST_GOAL}x):\n\n" + "\n".join(lines) + "\n"
+        f"run (goal: at most {OPTIONS_COST_GOAL}x). Where a call costs the CPU more than its kernels cost the "
+        "GPU, the two calls' times are the host's and move by more than the goal from one cell to the "
+        "next; such a pair is judged on its kernels' time (profiler sums):\n\n" + "\n".join(lines) + "\n"
     )
 
 

@@ -113,7 +113,15 @@ def test_the_options_cost_is_taken_against_the_plain_loss_of_the_same_run(tmp_pa
     assert "1.031x (met; run g3)" in text
     host_bound = rows.assign(host_ms=[1.0, 1.2, 1.2], device_ms=[0.27, 0.53, 0.6])
     text = report.render(host_bound, figures)
-    assert "host-bound: the kernels take 0.530 against 0.270 ms, 1.96x" in text
+    assert (
+        f"{all_on}: host-bound (calls 3.300 ms against 3.200 ms plain, 1.03x); judged on the kernels: "
+        "0.530 against 0.270 ms, 1.963x (missed; run g3)" in text
+    )
+    quick = rows.assign(host_ms=[1.0, 1.2, 1.2], ms=[1.0, 2.0, 2.0], device_ms=[0.27, 0.28, 0.6])
+    assert (
+        "2.000 ms against 1.000 ms plain, 2.00x); judged on the kernels: 0.280 against 0.270 ms, 1.037x (met"
+        in (report.render(quick, figures))
+    )
     apart = rows.assign(run_group=["g3", "g4", "g4"])
     assert "the plain loss was never timed in its run; no ratio" in report.render(apart, figures)
 
