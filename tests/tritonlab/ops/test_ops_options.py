@@ -19,10 +19,12 @@ import torch.nn.functional as F
 from tritonlab.ops import GEGLU, CrossEntropyLoss, RMSNorm, cross_entropy, geglu, rms_norm
 from tritonlab.ops.cross_entropy import (
     DEFAULT_SETTINGS,
+    SHORT_ROW_SETTINGS,
     SOFTCAP_FIXED_MAX,
     CrossEntropyFunction,
     CrossEntropyOptions,
     CrossEntropySettings,
+    settings_for,
 )
 from tritonlab.testing import rel_err
 
@@ -196,6 +198,20 @@ _VARIANT_SETTINGS = {
     "target compared": dict(block_bytes=2048, num_warps=1, target_fixup=False),
     "sum in sweep 1": dict(block_bytes=2048, num_warps=1, smoothing_sum_sweep2=False),
 }
+
+
+def test_cross_entropy_settings_follow_the_row_length_and_alignment():
+    # Rows up to 100 KiB run two programs an SM on 64 registers; longer ones one program.
+    assert settings_for(32000, 2) is SHORT_ROW_SETTINGS and settings_for(50257, 2) is SHORT_ROW_SETTINGS
+    assert settings_for(65536, 2) is DEFAULT_SETTINGS and settings_for(32000, 4) is DEFAULT_SETTINGS
+    assert SHORT_ROW_SETTINGS.launch_options()["maxnreg"] == 64
+    assert "maxnreg" not in DEFAULT_SETTINGS.launch_options()
+    # The short rows' smoothing sums in sweep 1, except beside the fixed max or on unaligned rows.
+    assert not SHORT_ROW_SETTINGS.smoothing_in_sweep2(None, 64000)
+    assert SHORT_ROW_SETTINGS.smoothing_in_sweep2(30.0, 64000)
+    assert not SHORT_ROW_SETTINGS.smoothing_in_sweep2(100.0, 64000)  # past the fixed max's range
+    assert SHORT_ROW_SETTINGS.smoothing_in_sweep2(None, 100514)
+    assert DEFAULT_SETTINGS.smoothing_in_sweep2(None, 256512)
 
 
 @pytest.mark.parametrize("variant", list(_VARIANT_SETTINGS))
