@@ -42,8 +42,10 @@ Launch settings (:class:`CrossEntropySettings`, swept by ``python -m phases kern
 each sweep-1 iteration moves ``block_bytes`` of logits -- 64 KB measured fastest at 16384 x 128256
 bf16 on the H100 (3.60 ms against 3.95 ms at 32 KB: more bytes in flight per SM), so the block's
 *element* count follows the element size (32 768 bf16 logits, 16 384 float32 ones: the same bytes
-and registers per thread). Every option runs the same settings. The interpreter runs small blocks
-faster.
+and registers per thread). Rows of at most ``SHORT_ROW_BYTES`` (32 000 or 50 257 bf16 logits) take
+``SHORT_ROW_SETTINGS`` instead: two programs an SM, half the warps and half the block each, so that
+one program's reductions overlap the other's loads (``settings_for``). Every option runs the
+settings of its row length. The interpreter runs small blocks faster.
 On a GPU each kernel is compiled at the first call of a signature and launched directly after it
 (``tritonlab._launch.launch``), except with class weights (see ``_launch``).
 """
