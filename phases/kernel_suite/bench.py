@@ -11,6 +11,7 @@ say whether a cell measures the kernels or the host's launch path.
 depth): ``python -m phases kernel_suite --tune`` writes them to ``data/kernel_suite/tune/``.
 """
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,7 +35,13 @@ from tritonlab.ops import (
     rope_cache,
     swiglu,
 )
-from tritonlab.ops.cross_entropy import CrossEntropyFunction, CrossEntropyOptions, CrossEntropySettings
+from tritonlab.ops.cross_entropy import (
+    DEFAULT_SETTINGS,
+    SHORT_ROW_SETTINGS,
+    CrossEntropyFunction,
+    CrossEntropyOptions,
+    CrossEntropySettings,
+)
 from tritonlab.ops.rms_norm import RMSNormFunction, RMSNormSettings
 from tritonlab.testing import DTYPES, rel_err
 
@@ -556,8 +563,20 @@ CE_SETTINGS = [
 # The kernels with a softcap also run each setting with the running max instead of the fixed one.
 CE_SOFTCAP_KERNELS = ("cross_entropy_options", "cross_entropy_softcap")
 RMS_SETTINGS = [(16, 1), (32, 1), (16, 2), (32, 2), (16, 3), (32, 3)]
-TUNE_SIZES = {"cross_entropy": (16384, 128256), "rms_norm": (65536, 8192)}
-TUNE_SIZES_CPU = {"cross_entropy": (5, 700), "rms_norm": (33, 200)}
+# Rows short enough for SHORT_ROW_SETTINGS (cross_entropy.settings_for): those settings against the
+# long rows', and each of their two departures from the rest undone.
+CE_SHORT_SETTINGS = [
+    SHORT_ROW_SETTINGS,
+    DEFAULT_SETTINGS,
+    dataclasses.replace(SHORT_ROW_SETTINGS, smoothing_sum_sweep2=True),
+    dataclasses.replace(SHORT_ROW_SETTINGS, max_registers=None),
+]
+TUNE_SIZES = {
+    "cross_entropy": (16384, 128256),
+    "cross_entropy_short": (4096, 32000),
+    "rms_norm": (65536, 8192),
+}
+TUNE_SIZES_CPU = {"cross_entropy": (5, 700), "cross_entropy_short": (5, 300), "rms_norm": (33, 200)}
 
 
 def tune_cells(dtype_name: str, bench_kw: dict, kernels=KERNELS) -> list[Cell]:
@@ -586,6 +605,17 @@ def tune_cells(dtype_name: str, bench_kw: dict, kernels=KERNELS) -> list[Cell]:
                 if kernel in CE_SOFTCAP_KERNELS:
                     name += f",fixed_max={fixed}"
                 out.append(_tune_cell(kernel, rows, vocab, "fwd+bwd", dtype_name, name, run))
+        short_rows, short_vocab = sizes["cross_entropy_short"]
+        for setting in CE_SHORT_SETTINGS:
+            run = functools.partial(
+                _tune_cross_entropy, kernel, short_rows, short_vocab, dtype, setting, bench_kw
+            )
+            name = (
+                f"block_bytes={setting.block_bytes},warps={setting.num_warps},"
+                f"programs_per_sm={setting.programs_per_sm},max_registers={setting.max_registers},"
+                f"smoothing_sum_sweep2={setting.smoothing_sum_sweep2}"
+            )
+            out.append(_tune_cell(kernel, short_rows, short_vocab, "fwd+bwd", dtype_name, name, run))
     rows, width = sizes["rms_norm"]
     for warps_per_sm, stages in RMS_SETTINGS if "rms_norm" in kernels else ():
         setting = RMSNormSettings(bwd_warps_per_sm=warps_per_sm, bwd_stages=stages)

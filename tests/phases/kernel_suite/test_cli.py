@@ -80,11 +80,14 @@ def test_tune_sweeps_run_and_are_checked(monkeypatch):
     # Two settings of each list: every kernel's sweep runs and is checked (the interpreter is slow).
     monkeypatch.setattr(bench, "CE_SETTINGS", bench.CE_SETTINGS[:2])
     monkeypatch.setattr(bench, "RMS_SETTINGS", bench.RMS_SETTINGS[:2])
+    monkeypatch.setattr(bench, "CE_SHORT_SETTINGS", bench.CE_SHORT_SETTINGS[:2])
     writer = ResultWriter("kernel_suite", subdir="tune")
     rows = run_cells(writer, bench.tune_cells("fp32", {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1}))
     # cross-entropy five times (the plain loss; the options kernel all on, smoothing, softcap, z-loss:
-    # the two with the softcap with the fixed and the running max), RMSNorm's backward once
-    assert len(rows) == 7 * len(bench.CE_SETTINGS) + len(bench.RMS_SETTINGS)
+    # the two with the softcap with the fixed and the running max), each also at the short rows'
+    # size once per short-row setting; RMSNorm's backward once
+    short = 5 * len(bench.CE_SHORT_SETTINGS)
+    assert len(rows) == 7 * len(bench.CE_SETTINGS) + short + len(bench.RMS_SETTINGS)
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
     kernels = [r["kernel"] for r in rows]
     for kernel, runs in (
@@ -94,7 +97,10 @@ def test_tune_sweeps_run_and_are_checked(monkeypatch):
         ("cross_entropy_softcap", 2),
         ("cross_entropy_zloss", 1),
     ):
-        assert kernels.count(kernel) == runs * len(bench.CE_SETTINGS)
+        assert kernels.count(kernel) == runs * len(bench.CE_SETTINGS) + len(bench.CE_SHORT_SETTINGS)
+    short_rows, short_vocab = bench.TUNE_SIZES_CPU["cross_entropy_short"]
+    assert sum(r["shape"] == f"{short_rows}x{short_vocab}" for r in rows) == short
+    assert any("max_registers=64" in r["setting"] for r in rows)
     softcapped = [r["setting"] for r in rows if r["kernel"] == "cross_entropy_softcap"]
     assert sum("fixed_max=False" in s for s in softcapped) == len(bench.CE_SETTINGS)
     assert writer.path.parent.name == "tune"  # kept out of the benchmark's tables
