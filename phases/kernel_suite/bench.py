@@ -601,20 +601,14 @@ def tune_cells(dtype_name: str, bench_kw: dict, kernels=KERNELS) -> list[Cell]:
                 block = block_bytes if ON_GPU else block_bytes // 64
                 setting = CrossEntropySettings(block, warps, per_sm, fixed_max=fixed)
                 run = functools.partial(_tune_cross_entropy, kernel, rows, vocab, dtype, setting, bench_kw)
-                name = f"block_bytes={setting.block_bytes},warps={warps},programs_per_sm={per_sm}"
-                if kernel in CE_SOFTCAP_KERNELS:
-                    name += f",fixed_max={fixed}"
+                name = _ce_setting_name(setting, *(("fixed_max",) if kernel in CE_SOFTCAP_KERNELS else ()))
                 out.append(_tune_cell(kernel, rows, vocab, "fwd+bwd", dtype_name, name, run))
         short_rows, short_vocab = sizes["cross_entropy_short"]
         for setting in CE_SHORT_SETTINGS:
             run = functools.partial(
                 _tune_cross_entropy, kernel, short_rows, short_vocab, dtype, setting, bench_kw
             )
-            name = (
-                f"block_bytes={setting.block_bytes},warps={setting.num_warps},"
-                f"programs_per_sm={setting.programs_per_sm},max_registers={setting.max_registers},"
-                f"smoothing_sum_sweep2={setting.smoothing_sum_sweep2}"
-            )
+            name = _ce_setting_name(setting, "max_registers", "smoothing_sum_sweep2")
             out.append(_tune_cell(kernel, short_rows, short_vocab, "fwd+bwd", dtype_name, name, run))
     rows, width = sizes["rms_norm"]
     for warps_per_sm, stages in RMS_SETTINGS if "rms_norm" in kernels else ():
@@ -623,6 +617,12 @@ def tune_cells(dtype_name: str, bench_kw: dict, kernels=KERNELS) -> list[Cell]:
         name = f"warps_per_sm={warps_per_sm},stages={stages}"
         out.append(_tune_cell("rms_norm", rows, width, "bwd", dtype_name, name, run))
     return out
+
+
+def _ce_setting_name(setting: CrossEntropySettings, *fields: str) -> str:
+    """A tune row's name for ``setting``: its block, warps and programs per SM, then ``fields``."""
+    name = f"block_bytes={setting.block_bytes},warps={setting.num_warps},programs_per_sm={setting.programs_per_sm}"
+    return name + "".join(f",{field}={getattr(setting, field)}" for field in fields)
 
 
 def _tune_cell(kernel, tokens, width, pass_, dtype_name, setting, run) -> Cell:

@@ -67,5 +67,10 @@ def compare(settings: dict, shapes, options=OPTIONS):
                 print(f"{rows}x{vocab} {name} against plain: {ratios}", flush=True)
 
 
+def shapes_from_argv(default: list) -> list:
+    """The command line's ROWSxVOCAB shapes, else ``default``."""
+    return [tuple(int(n) for n in arg.split("x")) for arg in sys.argv[1:]] or default
+
+
 if __name__ == "__main__":
-    compare(SETTINGS, [tuple(int(n) for n in arg.split("x")) for arg in sys.argv[1:]] or SHAPES)
+    compare(SETTINGS, shapes_from_argv(SHAPES))

@@ -13,7 +13,7 @@ from tritonlab.ops.cross_entropy import SHORT_ROW_SETTINGS
 
 sys.path.insert(0, "reports/data/kernel_suite/diagnostics")
 from ce_settings_small_vocab import OPTIONS  # noqa: E402
-from ce_short_rows import compare  # noqa: E402
+from ce_short_rows import compare, shapes_from_argv  # noqa: E402
 
 SETTINGS = {
     "sweep2": SHORT_ROW_SETTINGS,
@@ -22,5 +22,4 @@ SETTINGS = {
 SHAPES = [(4096, 32000), (16384, 32000), (8192, 50257)]
 
 if __name__ == "__main__":
-    shapes = [tuple(int(n) for n in arg.split("x")) for arg in sys.argv[1:]] or SHAPES
-    compare(SETTINGS, shapes, {k: OPTIONS[k] for k in ("plain", "smoothing", "all")})
+    compare(SETTINGS, shapes_from_argv(SHAPES), {k: OPTIONS[k] for k in ("plain", "smoothing", "all")})
