@@ -81,6 +81,8 @@ class CrossEntropySettings:
     # Label smoothing with a gradient: the row's logit sum in sweep 2 (per lane, beside the gradient)
     # or in sweep 1 (beside the exponentials, in the block reductions; ``smoothing_in_sweep2``).
     smoothing_sum_sweep2: bool = True
+    # Rows that are not whole 16-byte vectors swept from the boundary before them (``row_align``).
+    vector_rows: bool = True
     # ptxas's register cap (``maxnreg``), so that ``programs_per_sm`` programs fit an SM's 64K
     # registers; None leaves the count to ptxas.
     max_registers: int | None = None
@@ -136,6 +138,21 @@ def settings_for(n_cols: int, element_size: int) -> CrossEntropySettings:
     return SHORT_ROW_SETTINGS if n_cols * element_size <= SHORT_ROW_BYTES else DEFAULT_SETTINGS
 
 
+def row_align(logits: torch.Tensor, grad: torch.Tensor) -> int:
+    """The kernel's ``ALIGN`` for these (rows, columns) logits and their gradient: 1 where every row
+    starts on a 16-byte boundary and spans whole 16-byte vectors (the sweeps then vectorise as
+    written); otherwise the elements of a 16-byte vector, so that each row is swept from the 16-byte
+    boundary before it (``_row_span``), provided both start on 16-byte boundaries and the gradient's
+    rows sit as far from one as the logits' (the same row stride modulo a vector). The rows of a
+    50 257-word vocabulary are not whole vectors; 1 then leaves the sweeps to 2-byte accesses."""
+    vec = 16 // logits.element_size()
+    if logits.stride(0) % vec == 0 and logits.shape[1] % vec == 0 and logits.data_ptr() % 16 == 0:
+        return 1
+    if logits.data_ptr() % 16 or grad.data_ptr() % 16 or (logits.stride(0) - grad.stride(0)) % vec:
+        return 1
+    return vec
+
+
 def fast_tanh(dtype: torch.dtype) -> bool:
     """Whether the softcap's tanh runs as the GPU's approximate instruction (``_tanh``): for 16-bit
     logits on a GPU. Its exp-and-reciprocal form made the softcap the kernel's bound: 6 special-
@@ -165,24 +182,87 @@ def _launch(kernel, grid: tuple, tensors: tuple, scalars: tuple, constexprs: dic
 
 
 @triton.jit
-def _row_logsumexp(row_logits, n_cols, BLOCK_V: tl.constexpr):
+def _row_span(BASE, row, stride, n_cols, ALIGN: tl.constexpr):
+    """Where row ``row`` of BASE lies, as (pointer, lead, a0, a1, end) in *aligned columns*: column
+    ``lead + c`` of the pointer is the row's column c, the pointer sits on a 16-byte boundary, and
+    [a0, a1) are the whole 16-byte vectors inside the row ([lead, end) is the row). With ``ALIGN``
+    (the elements of a 16-byte vector; 1 for rows that start and end on 16-byte boundaries, where
+    the row is the span itself) the sweeps' masks over [a0, a1) hold for whole vectors, so their
+    loads and stores vectorise; the row's few columns outside it, at most ALIGN - 1 at each end,
+    go through ``_edges``."""
+    off = tl.cast(row, tl.int64) * stride
+    if ALIGN > 1:
+        lead = (off % ALIGN).to(tl.int32)  # columns within a row fit 32 bits, as n_cols does
+        end = lead + n_cols
+        a0 = tl.multiple_of((lead + ALIGN - 1) // ALIGN * ALIGN, ALIGN)
+        a1 = tl.multiple_of(end // ALIGN * ALIGN, ALIGN)
+        return BASE + tl.multiple_of(off - lead, ALIGN), lead, a0, a1, end
+    else:
+        return BASE + off, 0, 0, n_cols, n_cols
+
+
+@triton.jit
+def _interior(cols, a0, a1, ALIGN: tl.constexpr):
+    """Which of ``cols`` (aligned columns) lie in the row's whole vectors [a0, a1)."""
+    if ALIGN > 1:
+        return (cols >= a0) & (cols < a1)
+    else:
+        return cols < a1
+
+
+@triton.jit
+def _edges(lead, a0, a1, end, ALIGN: tl.constexpr):
+    """The aligned columns of the row outside its whole vectors -- [lead, a0) and [a1, end), clipped
+    where the row is shorter than a vector -- as a [2 * ALIGN] block and its mask."""
+    idx = tl.arange(0, 2 * ALIGN)
+    head = idx < ALIGN
+    cols = tl.where(head, lead + idx, tl.maximum(a0, a1) + idx - ALIGN)
+    return cols, tl.where(head, cols < tl.minimum(a0, end), cols < end)
+
+
+@triton.jit
+def _merge_lse(max_a, sum_a, max_b, sum_b):
+    """Two (max, sum of exp(x - max)) pairs as one; a part with no element (max -inf) adds nothing."""
+    new_max = tl.maximum(max_a, max_b)
+    part_a = tl.where(max_a == float("-inf"), 0.0, sum_a * tl.exp(max_a - new_max))
+    part_b = tl.where(max_b == float("-inf"), 0.0, sum_b * tl.exp(max_b - new_max))
+    return new_max, part_a + part_b
+
+
+@triton.jit
+def _row_logsumexp(row_logits, lead, a0, a1, end, BLOCK_V: tl.constexpr, ALIGN: tl.constexpr):
     """Running max and sum per block: the max only grows, the sum is rescaled with it. Each block's
     load is issued one iteration ahead, so its latency overlaps the reductions (and their barriers)
-    of the block before; the last prefetch is fully masked."""
+    of the block before; the last prefetch is fully masked. The row's edges (``_edges``) join once,
+    after the sweep."""
     running_max = float("-inf")
     running_sum = 0.0
     cols = tl.arange(0, BLOCK_V)
-    x = tl.load(row_logits + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_last")
-    for start in range(BLOCK_V, n_cols + BLOCK_V, BLOCK_V):
+    x = tl.load(
+        row_logits + cols,
+        mask=_interior(cols, a0, a1, ALIGN),
+        other=float("-inf"),
+        eviction_policy="evict_last",
+    )
+    for start in range(BLOCK_V, a1 + BLOCK_V, BLOCK_V):
         next_cols = start + tl.arange(0, BLOCK_V)
         x_next = tl.load(
-            row_logits + next_cols, mask=next_cols < n_cols, other=float("-inf"), eviction_policy="evict_last"
+            row_logits + next_cols,
+            mask=_interior(next_cols, a0, a1, ALIGN),
+            other=float("-inf"),
+            eviction_policy="evict_last",
         )
         xf = x.to(tl.float32)
         new_max = tl.maximum(running_max, tl.max(xf, axis=0))
         running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(xf - new_max), axis=0)
         running_max = new_max
         x = x_next
+    if ALIGN > 1:
+        edge_cols, edge_mask = _edges(lead, a0, a1, end, ALIGN)
+        xe = tl.load(row_logits + edge_cols, mask=edge_mask, other=float("-inf")).to(tl.float32)
+        edge_max = tl.max(xe, axis=0)
+        edge_sum = tl.sum(tl.where(edge_mask, tl.exp(xe - edge_max), 0.0), axis=0)
+        running_max, running_sum = _merge_lse(running_max, running_sum, edge_max, edge_sum)
     return running_max + tl.log(running_sum)
 
 
@@ -216,87 +296,77 @@ def _cross_entropy_fwd_kernel(
     TARGET_FIXUP: tl.constexpr = True,
     TILE_COLS: tl.constexpr = None,
     SWEEP2_SUM: tl.constexpr = True,
+    ALIGN: tl.constexpr = 1,
 ):
+    # ALIGN > 1 (``row_align``): the rows are not whole 16-byte vectors; the gradient's rows start
+    # as far from a 16-byte boundary as the logits' (the same lead, a0, a1 and end).
     inv_n = 1.0 / tl.load(N_VALID).to(tl.float32) if MEAN else 1.0
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        row_logits = LOGITS + tl.cast(row, tl.int64) * stride_logits
+        row_logits, lead, a0, a1, end = _row_span(LOGITS, row, stride_logits, n_cols, ALIGN)
+        row_grad = _row_span(GRAD, row, stride_grad, n_cols, ALIGN)[0]
         target = tl.load(TARGET + row).to(tl.int64)
         ignored = target == ignore_index
         if HAS_WEIGHT or HAS_SMOOTHING or HAS_SOFTCAP or HAS_ZLOSS:
             _options_row(
-                row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols,
-                stride_grad, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
+                row_logits, row_grad, lead, a0, a1, end, target, ignored, row, LOSS, WEIGHT, WEIGHT_STATS,
+                inv_n, n_cols, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
                 HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP, SWEEP2_SUM,
+                ALIGN,
             )  # fmt: skip
         else:
             _plain_row(
-                row_logits,
-                target,
-                ignored,
-                row,
-                LOSS,
-                GRAD,
-                inv_n,
-                n_cols,
-                stride_grad,
-                COMPUTE_GRAD,
-                BLOCK_V,
-                TARGET_FIXUP,
-            )
+                row_logits, row_grad, lead, a0, a1, end, target, ignored, row, LOSS, inv_n, n_cols,
+                COMPUTE_GRAD, BLOCK_V, TARGET_FIXUP, ALIGN,
+            )  # fmt: skip
 
 
 @triton.jit
 def _plain_row(
-    row_logits,
-    target,
-    ignored,
-    row,
-    LOSS,
-    GRAD,
-    inv_n,
-    n_cols,
-    stride_grad,
-    COMPUTE_GRAD,
-    BLOCK_V,
-    TARGET_FIXUP,
-):
+    row_logits, row_grad, lead, a0, a1, end, target, ignored, row, LOSS, inv_n, n_cols,
+    COMPUTE_GRAD, BLOCK_V, TARGET_FIXUP, ALIGN,
+):  # fmt: skip
     """One row without options: ``loss = lse - x[t]``, ``grad = (softmax(x) - onehot(t)) * scale``."""
     # Sweep 1: online logsumexp.
-    lse = _row_logsumexp(row_logits, n_cols, BLOCK_V)
+    lse = _row_logsumexp(row_logits, lead, a0, a1, end, BLOCK_V, ALIGN)
     # A target out of range is never read; its row's loss and gradient become NaN, and the
     # host raises unless the caller turned the check off.
     bad = ~ignored & ((target < 0) | (target >= n_cols))
-    x_target = tl.load(row_logits + target, mask=~ignored & ~bad, other=float("nan")).to(tl.float32)
+    t_col = lead + target
+    x_target = tl.load(row_logits + t_col, mask=~ignored & ~bad, other=float("nan")).to(tl.float32)
     tl.store(LOSS + row, tl.where(ignored, 0.0, lse - x_target))
     if COMPUTE_GRAD:
         scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), inv_n))
-        row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
         # Sweep 2: the row is still in L2; write the gradient once.
-        for start in range(0, n_cols, BLOCK_V):
+        for start in range(0, a1, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
-            mask = cols < n_cols
+            mask = _interior(cols, a0, a1, ALIGN)
             # (a new name: reusing sweep 1's `x` would make it a loop-carried variable of another type)
             logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-            p = tl.exp(logit.to(tl.float32) - lse)
-            g = p * scale
+            g = tl.exp(logit.to(tl.float32) - lse) * scale
             if not TARGET_FIXUP:
-                g = tl.where(cols == target, g - scale, g)
-            tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
-        if TARGET_FIXUP:
-            _store_target_grad(
-                row_grad, target, ~ignored & ~bad, (tl.exp(x_target - lse) - 1.0) * scale, GRAD
+                g = tl.where(cols == t_col, g - scale, g)
+            tl.store(
+                row_grad + cols, g.to(row_grad.dtype.element_ty), mask=mask, eviction_policy="evict_first"
             )
+        if ALIGN > 1:
+            cols, mask = _edges(lead, a0, a1, end, ALIGN)
+            g = tl.exp(tl.load(row_logits + cols, mask=mask, other=0.0).to(tl.float32) - lse) * scale
+            if not TARGET_FIXUP:
+                g = tl.where(cols == t_col, g - scale, g)
+            tl.store(row_grad + cols, g.to(row_grad.dtype.element_ty), mask=mask)
+        if TARGET_FIXUP:
+            _store_target_grad(row_grad, t_col, ~ignored & ~bad, (tl.exp(x_target - lse) - 1.0) * scale)
 
 
 @triton.jit
-def _store_target_grad(row_grad, target, read, g_target, GRAD):
+def _store_target_grad(row_grad, t_col, read, g_target):
     """Sweep 2 writes every column without the one-hot term (no per-logit comparison with the
     target: with an int64 target that was 4-5 instructions a logit of the sweep's ~16 in the sm_90
     SASS); the target's element is then written again, with it, after a barrier: ``bar.sync``
     orders the program's global stores, so this store lands after the sweep's store of the same
     element by whichever thread made it."""
     tl.debug_barrier()
-    tl.store(row_grad + target, g_target.to(GRAD.dtype.element_ty), mask=read)
+    tl.store(row_grad + t_col, g_target.to(row_grad.dtype.element_ty), mask=read)
 
 
 @triton.jit
@@ -348,7 +418,8 @@ def _add_pair(a, b, c, d):
 
 @triton.jit
 def _row_stats(
-    row_logits, WEIGHT, n_cols, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, SUM_Z, HAS_SOFTCAP, FAST_TANH, FIXED_MAX,
+    row_logits, lead, a0, a1, end, WEIGHT, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, SUM_Z, HAS_SOFTCAP,
+    FAST_TANH, FIXED_MAX, ALIGN,
 ):  # fmt: skip
     """Sweep 1 with options: (logsumexp(z), sum over classes of w_c * z_c) for z the (softcapped)
     logits; the sum only with ``SUM_Z`` (label smoothing without a gradient: with one, sweep 2 takes
@@ -363,24 +434,30 @@ def _row_stats(
     lets it run the plain loss's 64 KB blocks without spilling (a [BLOCK_V] vector is 32). The running
     max stays one-dimensional: reduced in two steps over a tile, it spilled (sm_90 ptxas) and the
     z-loss alone took 4.90 ms against 3.28 (H100, 16384 x 128256 bf16,
-    reports/data/kernel_suite/diagnostics/ce_variants_dd0b157-h100.txt)."""
+    reports/data/kernel_suite/diagnostics/ce_variants_dd0b157-h100.txt). Columns are aligned ones
+    (``_row_span``); the row's edges join after the sweep."""
     offs = _tile(BLOCK_V, TILE_COLS) if FIXED_MAX else tl.arange(0, BLOCK_V)
-    x = tl.load(row_logits + offs, mask=offs < n_cols, other=float("-inf"), eviction_policy="evict_last")
+    x = tl.load(
+        row_logits + offs,
+        mask=_interior(offs, a0, a1, ALIGN),
+        other=float("-inf"),
+        eviction_policy="evict_last",
+    )
     lane_exp = tl.zeros([TILE_COLS], dtype=tl.float32)
     lane_t = tl.zeros([TILE_COLS], dtype=tl.float32)
     cap_log2 = softcap * LOG2E
     running_max = float("-inf")
     running_sum = 0.0
     weighted_z = 0.0
-    for start in range(BLOCK_V, n_cols + BLOCK_V, BLOCK_V):
+    for start in range(BLOCK_V, a1 + BLOCK_V, BLOCK_V):
         x_next = tl.load(
             row_logits + start + offs,
-            mask=offs < n_cols - start,
+            mask=_interior(offs, a0 - start, a1 - start, ALIGN),
             other=float("-inf"),
             eviction_policy="evict_last",
         )
         cols = (start - BLOCK_V) + offs
-        mask = cols < n_cols
+        mask = _interior(cols, a0, a1, ALIGN)
         if FIXED_MAX:
             # exp(z - softcap) = 2**(t * softcap * log2(e) - softcap * log2(e)): one FMA before the exp2
             t = _tanh(x.to(tl.float32) * (1.0 / softcap), FAST_TANH)
@@ -388,7 +465,7 @@ def _row_stats(
             if SUM_Z:
                 ts = tl.where(mask, t, 0.0)  # the softcap's factor goes on once, at the end
                 if HAS_WEIGHT:
-                    ts *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
+                    ts *= tl.load(WEIGHT + (cols - lead), mask=mask, other=0.0).to(tl.float32)
                 lane_t += tl.sum(ts, axis=0)
         else:
             z = _softcapped(x.to(tl.float32), softcap, mask, HAS_SOFTCAP, FAST_TANH)
@@ -398,7 +475,7 @@ def _row_stats(
                 # shared memory and its barriers instead of two.
                 zs = tl.where(mask, z, 0.0)
                 if HAS_WEIGHT:
-                    zs *= tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
+                    zs *= tl.load(WEIGHT + (cols - lead), mask=mask, other=0.0).to(tl.float32)
                 block_sum, block_z = tl.reduce((tl.exp(z - new_max), zs), 0, _add_pair)
                 weighted_z += block_z
             else:
@@ -409,9 +486,29 @@ def _row_stats(
     if FIXED_MAX:
         if SUM_Z:
             sum_exp, sum_t = tl.reduce((lane_exp, lane_t), 0, _add_pair)
-            weighted_z = softcap * sum_t
         else:
             sum_exp = tl.sum(lane_exp, axis=0)
+            sum_t = 0.0
+    if ALIGN > 1:
+        cols, mask = _edges(lead, a0, a1, end, ALIGN)
+        xe = tl.load(row_logits + cols, mask=mask, other=0.0).to(tl.float32)
+        we = tl.load(WEIGHT + (cols - lead), mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+        if FIXED_MAX:
+            te = _tanh(xe * (1.0 / softcap), FAST_TANH)
+            sum_exp += tl.sum(tl.where(mask, _exp2(te * cap_log2 - cap_log2), 0.0), axis=0)
+            if SUM_Z:
+                sum_t += tl.sum(tl.where(mask, te * we, 0.0), axis=0)
+        else:
+            ze = _softcapped(xe, softcap, mask, HAS_SOFTCAP, FAST_TANH)
+            ze = tl.where(mask, ze, float("-inf"))
+            edge_max = tl.max(ze, axis=0)
+            edge_sum = tl.sum(tl.where(mask, tl.exp(ze - edge_max), 0.0), axis=0)
+            running_max, running_sum = _merge_lse(running_max, running_sum, edge_max, edge_sum)
+            if SUM_Z:
+                weighted_z += tl.sum(tl.where(mask, ze * we, 0.0), axis=0)
+    if FIXED_MAX:
+        if SUM_Z:
+            weighted_z = softcap * sum_t
         lse = softcap + tl.log(sum_exp)
     else:
         lse = running_max + tl.log(running_sum)
@@ -429,9 +526,10 @@ def _tile(BLOCK_V: tl.constexpr, TILE_COLS: tl.constexpr):
 
 @triton.jit
 def _options_row(
-    row_logits, target, ignored, row, LOSS, GRAD, WEIGHT, WEIGHT_STATS, inv_n, n_cols, stride_grad,
-    smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
+    row_logits, row_grad, lead, a0, a1, end, target, ignored, row, LOSS, WEIGHT, WEIGHT_STATS,
+    inv_n, n_cols, smoothing, softcap, lse_square_scale, MEAN, COMPUTE_GRAD, BLOCK_V, TILE_COLS,
     HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_ZLOSS, FAST_TANH, FIXED_MAX, TARGET_FIXUP, SWEEP2_SUM,
+    ALIGN,
 ):  # fmt: skip
     """One row with options, z the (softcapped) logits, w the class weights (1 without), eps the
     smoothing, C = n_cols, W = sum of w:
@@ -450,17 +548,18 @@ def _options_row(
     ``SWEEP2_SUM`` sweep 1 adds the sum up in both cases."""
     if COMPUTE_GRAD:
         lse, weighted_z = _row_stats(
-            row_logits, WEIGHT, n_cols, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, HAS_SMOOTHING and not SWEEP2_SUM,
-            HAS_SOFTCAP, FAST_TANH, FIXED_MAX,
+            row_logits, lead, a0, a1, end, WEIGHT, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT,
+            HAS_SMOOTHING and not SWEEP2_SUM, HAS_SOFTCAP, FAST_TANH, FIXED_MAX, ALIGN,
         )  # fmt: skip
     else:
         lse, weighted_z = _row_stats(
-            row_logits, WEIGHT, n_cols, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP,
-            FAST_TANH, FIXED_MAX,
+            row_logits, lead, a0, a1, end, WEIGHT, softcap, BLOCK_V, TILE_COLS, HAS_WEIGHT, HAS_SMOOTHING,
+            HAS_SOFTCAP, FAST_TANH, FIXED_MAX, ALIGN,
         )  # fmt: skip
     bad = ~ignored & ((target < 0) | (target >= n_cols))
     read = ~ignored & ~bad
-    x_target = tl.load(row_logits + target, mask=read, other=float("nan")).to(tl.float32)
+    t_col = lead + target
+    x_target = tl.load(row_logits + t_col, mask=read, other=float("nan")).to(tl.float32)
     z_target = _softcapped(x_target, softcap, read, HAS_SOFTCAP, FAST_TANH)
     z_target = tl.where(read, z_target, float("nan"))
     w_target = tl.load(WEIGHT + target, mask=read, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
@@ -484,39 +583,37 @@ def _options_row(
             p_scale += 2.0 * lse_square_scale * lse * z_scale
         hit_scale = hit * grad_scale
         spread = smoothing / n_cols_f * grad_scale
-        row_grad = GRAD + tl.cast(row, tl.int64) * stride_grad
         cap_log2 = softcap * LOG2E
         lse_log2 = lse * LOG2E
         offs = _tile(BLOCK_V, TILE_COLS) if HAS_SMOOTHING and SWEEP2_SUM else tl.arange(0, BLOCK_V)
         lane_z = tl.zeros([TILE_COLS], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_V):
+        for start in range(0, a1, BLOCK_V):
             cols = start + offs
-            mask = cols < n_cols
+            mask = _interior(cols, a0, a1, ALIGN)
             logit = tl.load(row_logits + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-            if HAS_SOFTCAP:
-                # exp(z - lse) as 2**(t * softcap * log2(e) - lse * log2(e)): one FMA before the exp2
-                t = _tanh(logit.to(tl.float32) * (1.0 / softcap), FAST_TANH)
-                g = _exp2(t * cap_log2 - lse_log2) * p_scale
-                zs = t  # the softcap's factor goes on once, at the end
-            else:
-                g = tl.exp(logit.to(tl.float32) - lse) * p_scale
-                zs = logit.to(tl.float32)
-            if not TARGET_FIXUP:
-                g = tl.where(cols == target, g - hit_scale, g)
-            if HAS_SMOOTHING:
-                if HAS_WEIGHT:
-                    w = tl.load(WEIGHT + cols, mask=mask, other=0.0).to(tl.float32)
-                    g -= spread * w
-                    zs *= w
-                else:
-                    g -= spread
-                if SWEEP2_SUM:
-                    lane_z += tl.sum(zs, axis=0)
-            if HAS_SOFTCAP:
-                g *= 1.0 - t * t
-            tl.store(row_grad + cols, g.to(GRAD.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+            g, zs = _options_grad(
+                logit, cols, mask, lead, t_col, WEIGHT, lse, softcap, cap_log2, lse_log2, p_scale, hit_scale,
+                spread, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, TARGET_FIXUP,
+            )  # fmt: skip
+            if HAS_SMOOTHING and SWEEP2_SUM:
+                lane_z += tl.sum(zs, axis=0)
+            tl.store(
+                row_grad + cols, g.to(row_grad.dtype.element_ty), mask=mask, eviction_policy="evict_first"
+            )
+        if ALIGN > 1:
+            cols, mask = _edges(lead, a0, a1, end, ALIGN)
+            logit = tl.load(row_logits + cols, mask=mask, other=0.0)
+            g, zs = _options_grad(
+                logit, cols, mask, lead, t_col, WEIGHT, lse, softcap, cap_log2, lse_log2, p_scale, hit_scale,
+                spread, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, TARGET_FIXUP,
+            )  # fmt: skip
+            if HAS_SMOOTHING and SWEEP2_SUM:
+                edge_z = tl.sum(zs, axis=0)  # the masked columns loaded 0: z = 0 (and w = 0)
+            tl.store(row_grad + cols, g.to(row_grad.dtype.element_ty), mask=mask)
         if HAS_SMOOTHING and SWEEP2_SUM:
             weighted_z = tl.sum(lane_z, axis=0)
+            if ALIGN > 1:
+                weighted_z += edge_z
             if HAS_SOFTCAP:
                 weighted_z *= softcap
         if TARGET_FIXUP:
@@ -533,7 +630,7 @@ def _options_row(
                     g_target -= spread
             if HAS_SOFTCAP:
                 g_target *= 1.0 - t_target * t_target
-            _store_target_grad(row_grad, target, read, g_target, GRAD)
+            _store_target_grad(row_grad, t_col, read, g_target)
     if HAS_SMOOTHING:
         loss = hit * (lse - z_target) + smoothing / n_cols_f * (w_total * lse - weighted_z)
     else:
@@ -546,6 +643,35 @@ def _options_row(
             z_loss *= inv_n * tl.load(WEIGHT_STATS + 1)
         loss += z_loss
     tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
+
+
+@triton.jit
+def _options_grad(
+    logit, cols, mask, lead, t_col, WEIGHT, lse, softcap, cap_log2, lse_log2, p_scale, hit_scale, spread,
+    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, FAST_TANH, TARGET_FIXUP,
+):  # fmt: skip
+    """Sweep 2's gradient of the logits ``logit`` at aligned columns ``cols`` (``_options_row``), and
+    the terms of the smoothing's sum of w_c z_c (z without the softcap's factor)."""
+    if HAS_SOFTCAP:
+        # exp(z - lse) as 2**(t * softcap * log2(e) - lse * log2(e)): one FMA before the exp2
+        t = _tanh(logit.to(tl.float32) * (1.0 / softcap), FAST_TANH)
+        g = _exp2(t * cap_log2 - lse_log2) * p_scale
+        zs = t  # the softcap's factor goes on once, at the end
+    else:
+        g = tl.exp(logit.to(tl.float32) - lse) * p_scale
+        zs = logit.to(tl.float32)
+    if not TARGET_FIXUP:
+        g = tl.where(cols == t_col, g - hit_scale, g)
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            w = tl.load(WEIGHT + (cols - lead), mask=mask, other=0.0).to(tl.float32)
+            g -= spread * w
+            zs *= w
+        else:
+            g -= spread
+    if HAS_SOFTCAP:
+        g *= 1.0 - t * t
+    return g, zs
 
 
 @triton.jit
@@ -687,6 +813,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                 COMPUTE_GRAD=compute_grad,
                 BLOCK_V=settings.block_v(rows.element_size()),
                 TARGET_FIXUP=settings.target_fixup,
+                ALIGN=row_align(rows, grad) if settings.vector_rows else 1,
                 **settings.launch_options(),
                 **option_args,
             ),

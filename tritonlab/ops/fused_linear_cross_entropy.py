@@ -61,6 +61,7 @@ from .cross_entropy import (
     _target_stats_kernel,
     check_target,
     fast_tanh,
+    row_align,
     settings_for,
 )
 
@@ -150,6 +151,7 @@ def _chunked_pass(
                 MEAN=mean,
                 COMPUTE_GRAD=compute_grad,
                 BLOCK_V=block_v,
+                ALIGN=row_align(z, z) if settings.vector_rows else 1,
                 **settings.launch_options(),
                 **option_args,
             ),

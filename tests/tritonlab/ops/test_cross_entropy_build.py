@@ -19,8 +19,8 @@ BLOCK_V, WARPS = 32768, 32  # the H100's bf16 launch (CrossEntropySettings)
 signature = {"LOGITS": "*bf16", "TARGET": "*i64", "LOSS": "*fp32", "GRAD": "*bf16", "N_VALID": "*i32",
              "n_rows": "i32", "n_cols": "i32", "stride_logits": "i64", "stride_grad": "i64",
              "ignore_index": "i32", "MEAN": "constexpr", "COMPUTE_GRAD": "constexpr", "BLOCK_V": "constexpr",
-             "TARGET_FIXUP": "constexpr"}
-constants = {"MEAN": True, "COMPUTE_GRAD": True, "BLOCK_V": BLOCK_V, "TARGET_FIXUP": True}
+             "TARGET_FIXUP": "constexpr", "ALIGN": "constexpr"}
+constants = {"MEAN": True, "COMPUTE_GRAD": True, "BLOCK_V": BLOCK_V, "TARGET_FIXUP": True, "ALIGN": 1}
 results = {}
 for name, fast in (("plain", None), ("softcap", False), ("softcap-fast", True)):
     sig, consts = dict(signature), dict(constants)
@@ -73,7 +73,7 @@ for name, fixed in (("fixed max", True), ("running max", False)):
     consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=settings.block_v(2), WEIGHT=None, WEIGHT_STATS=None,
                   HAS_WEIGHT=False, HAS_SMOOTHING=True, HAS_SOFTCAP=True, HAS_ZLOSS=True, FAST_TANH=True,
                   FIXED_MAX=fixed, TILE_COLS=settings.tile_cols(2), TARGET_FIXUP=True,
-                  SWEEP2_SUM=True)
+                  SWEEP2_SUM=True, ALIGN=1)
     # The GPU's specialisation at 16384 x 128256: 16-byte aligned pointers, sizes and strides divisible by 16.
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in
              ("LOGITS", "TARGET", "LOSS", "GRAD", "N_VALID", "n_rows", "n_cols", "stride_logits", "stride_grad")}
@@ -111,7 +111,7 @@ for fixed in (True, False):
     consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=DEFAULT_SETTINGS.block_v(2), WEIGHT=None,
                   WEIGHT_STATS=None, HAS_WEIGHT=False, HAS_SMOOTHING=False, HAS_SOFTCAP=True, HAS_ZLOSS=False,
                   FAST_TANH=True, FIXED_MAX=fixed, TILE_COLS=DEFAULT_SETTINGS.tile_cols(2), TARGET_FIXUP=True,
-                  SWEEP2_SUM=True)
+                  SWEEP2_SUM=True, ALIGN=1)
     compiled = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}},
                                         constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": DEFAULT_SETTINGS.num_warps})
@@ -129,3 +129,45 @@ def test_the_fixed_max_takes_the_block_reductions_out_of_the_softcapped_sweep():
     # The running max reduces each block (max, then sum: barriers in the loop); the fixed max sums per
     # lane and reduces once a row.
     assert barriers["True"] < barriers["False"], barriers
+
+
+_VECTORS = r"""
+import collections, json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tritonlab.ops.cross_entropy import SHORT_ROW_SETTINGS as S, _cross_entropy_fwd_kernel as kernel
+from tritonlab.tuning import sass
+
+sig = {n: "i32" for n in kernel.arg_names}
+sig.update(LOGITS="*bf16", TARGET="*i64", LOSS="*fp32", GRAD="*bf16", N_VALID="*i32", smoothing="fp32",
+           softcap="fp32", lse_square_scale="fp32", stride_logits="i64", stride_grad="i64")
+out = {}
+for align in (1, 8):
+    consts = dict(MEAN=True, COMPUTE_GRAD=True, BLOCK_V=S.block_v(2), WEIGHT=None, WEIGHT_STATS=None,
+                  HAS_WEIGHT=False, HAS_SMOOTHING=False, HAS_SOFTCAP=False, HAS_ZLOSS=False, FAST_TANH=True,
+                  FIXED_MAX=True, TILE_COLS=S.tile_cols(2), TARGET_FIXUP=True, SWEEP2_SUM=True, ALIGN=align)
+    # 50 257 columns: aligned pointers, but n_cols and the strides carry no divisibility
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in
+             ("LOGITS", "TARGET", "LOSS", "GRAD", "N_VALID")}
+    compiled = triton.compile(ASTSource(kernel, signature={**sig, **{c: "constexpr" for c in consts}},
+                                        constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": S.num_warps, "maxnreg": S.max_registers})
+    code = sass(compiled.asm["ptx"], "sm_90a")
+    out[align] = dict(collections.Counter(re.findall(r"\b(LDG|STG)\.E(?:\.E[LF])?\.(128|U16)\b", code)))
+print(json.dumps({str(k): {"/".join(op): n for op, n in v.items()} for k, v in out.items()}))
+"""
+
+
+@pytest.mark.skipif(
+    triton_tools_missing("ptxas", "cuobjdump"),
+    reason="needs Triton's ptxas and cuobjdump",
+)
+def test_rows_that_are_not_whole_vectors_sweep_in_16_byte_accesses():
+    ops = json.loads(run_without_interpreter(_VECTORS).stdout.strip().splitlines()[-1])
+    # Element-wise (ALIGN 1): 2-byte loads and stores only. From the boundary before each row
+    # (ALIGN 8): both sweeps in 16-byte ones; 2-byte accesses remain for the edges and the target.
+    assert "LDG/128" not in ops["1"] and "STG/128" not in ops["1"] and ops["1"]["STG/U16"] >= 16, ops
+    assert ops["8"]["LDG/128"] >= 8 and ops["8"]["STG/128"] >= 4, ops
+    assert ops["8"].get("LDG/U16", 0) <= 4 and ops["8"].get("STG/U16", 0) <= 4, ops

@@ -24,6 +24,7 @@ from tritonlab.ops.cross_entropy import (
     CrossEntropyFunction,
     CrossEntropyOptions,
     CrossEntropySettings,
+    row_align,
     settings_for,
 )
 from tritonlab.testing import rel_err
@@ -237,6 +238,48 @@ def test_cross_entropy_options_settings_variants_match_float64(variant, option, 
     (grad_ref,) = torch.autograd.grad(ref, xr)
     assert rel_err(loss, ref) < FP32_TOL and rel_err(grad, grad_ref) < FP32_TOL
     assert torch.all(grad[1] == 0)  # the ignored row: no target store
+
+
+def test_rows_that_are_not_whole_vectors_are_swept_from_the_boundary_before_them():
+    # 16-byte vectors: 8 fp16 or 4 float32 logits; 1 = the rows are whole vectors already.
+    assert row_align(torch.empty(4, 64, dtype=torch.float16), torch.empty(4, 64, dtype=torch.float16)) == 1
+    odd = torch.empty(4, 50257, dtype=torch.float16)
+    assert row_align(odd, torch.empty_like(odd)) == 8
+    assert row_align(odd.float(), torch.empty_like(odd.float())) == 4
+    # a start off a 16-byte boundary, or a gradient whose rows sit elsewhere: the element-wise sweeps
+    wide = torch.empty(4, 50264, dtype=torch.float16)
+    assert row_align(wide[:, 1:], torch.empty(4, 50263, dtype=torch.float16)) == 1
+    assert row_align(wide[:, :50257], torch.empty_like(odd)) == 1
+    assert row_align(wide[:, :50257], wide[:, :50257]) == 8  # in place: the same rows
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("option", [None, "smoothing", "softcap", "all"])
+@pytest.mark.parametrize("vocab", [1, 3, 7, 9, 15, 17, 29])
+def test_cross_entropy_rows_shorter_than_a_few_vectors_match_float64(vocab, option, inplace):
+    """fp16 rows of a few logits, contiguous: each row starts a different distance past a 16-byte
+    boundary, so the sweeps' edges (before the first whole vector, after the last) take every
+    shape -- empty, both in one vector, no whole vector at all. In place, a store past a row's edge
+    would spoil the next row's logits before they are read."""
+    logits, target, kwargs = _case(11, vocab, torch.float16, option or "weight", seed=vocab)
+    if option is None:
+        kwargs = {}
+    else:
+        kwargs.pop("weight", None)
+    options = CrossEntropyOptions(
+        None, kwargs.get("label_smoothing", 0.0), kwargs.get("softcap"), kwargs.get("lse_square_scale", 0.0)
+    )
+    x = leaf(logits.clone())
+    loss = CrossEntropyFunction.apply(
+        x.clone() if inplace else x, target, IGNORE, "sum", inplace, True, None, options
+    )
+    (grad,) = torch.autograd.grad(loss, x)
+    xr = f64(logits)
+    ref = cross_entropy_ref(xr, target, reduction="sum", **kwargs)
+    (grad_ref,) = torch.autograd.grad(ref, xr)
+    # (one class: the loss and the gradient are 0, up to the lse's rounding; hence the floor of 1)
+    assert (loss.double() - ref).abs() <= FP16_TOL * max(ref.abs().item(), 1.0)
+    assert (grad.double() - grad_ref).norm() <= FP16_TOL * max(grad_ref.norm().item(), 1.0)
 
 
 @pytest.mark.parametrize("variant", list(_VARIANT_SETTINGS))
