@@ -63,6 +63,12 @@ from ..checks import as_rows, check_tensor, persistent_programs
 
 # Above this softcap, exp(-2 * softcap) leaves float32's normal range: the fixed-max sweep stops there.
 SOFTCAP_FIXED_MAX = 40.0
+# The masked part of a row's last block still runs its exponentials: 50 257 bf16 logits in 32 KB
+# blocks are 30% padding. Above this share a block is halved: 16 KB blocks took 8192 x 50257 from 733
+# to 723 us (plain) and 778 to 716 (every option), 32 KB ones 4096 x 100277 from 785 to 777 and 757 to
+# 727; halving again (14% padding) cost the plain loss 5.6% and 12% (H100, bf16, one process,
+# reports/data/kernel_suite/diagnostics/ce_block_padding_*).
+MAX_BLOCK_PADDING = 0.25
 
 
 @dataclass(frozen=True)
@@ -87,14 +93,20 @@ class CrossEntropySettings:
     # registers; None leaves the count to ptxas.
     max_registers: int | None = None
 
-    def block_v(self, element_size: int) -> int:
-        return next_power_of_2(max(16, self.block_bytes // element_size))
+    def block_v(self, element_size: int, n_cols: int | None = None) -> int:
+        """Logits a sweep iteration: ``block_bytes`` of them, halved while the row's blocks would be
+        more than ``MAX_BLOCK_PADDING`` padding (down to one 16-byte vector a thread)."""
+        block = next_power_of_2(max(16, self.block_bytes // element_size))
+        one_vector_each = self.num_warps * 32 * max(1, 16 // element_size)
+        while n_cols is not None and block > one_vector_each and -n_cols % block > MAX_BLOCK_PADDING * n_cols:
+            block //= 2
+        return block
 
-    def tile_cols(self, element_size: int) -> int:
+    def tile_cols(self, element_size: int, n_cols: int | None = None) -> int:
         """The columns of the tiles whose per-lane sums stay small (``_tile``: the fixed max's sweep 1,
         the smoothing's sweep 2): one 16-byte vector for each of the program's threads, at most the
         block."""
-        return min(self.block_v(element_size), self.num_warps * 32 * max(1, 16 // element_size))
+        return min(self.block_v(element_size, n_cols), self.num_warps * 32 * max(1, 16 // element_size))
 
     def uses_fixed_max(self, softcap: float | None) -> bool:
         """Whether the softcapped sweep takes the softcap as the row's max (``_row_stats``) here."""
@@ -131,11 +143,29 @@ SHORT_ROW_SETTINGS = CrossEntropySettings(
     smoothing_sum_sweep2=False,
 )
 SHORT_ROW_BYTES = 100 * 1024
+# The softcap's fixed max on rows of at most SOFTCAP_SHORT_ROW_BYTES: four programs an SM of 8 warps and
+# 16 KB blocks. Its sweeps are bound by the special-function unit (a tanh and an exponential a logit
+# each), and more rows in flight keep it busier: every option on 4096 x 32000 in 223.4 us against
+# 230.6 with two programs, the softcap alone 223.3 against 226.4 (the plain loss, which these settings
+# slow from 218 to 230 us, keeps its own). At 50 257 logits four programs lost (every option 792 against
+# 716 us at 16 KB blocks): their rows, 53 MB in flight, no longer fit the 50 MB L2 for sweep 2
+# (H100, reports/data/kernel_suite/diagnostics/ce_short_options_settings_*).
+SOFTCAP_SHORT_ROW_SETTINGS = CrossEntropySettings(
+    block_bytes=2048 if INTERPRET else 16384,
+    num_warps=8,
+    programs_per_sm=4.0,
+    max_registers=64,
+    smoothing_sum_sweep2=False,
+)
+SOFTCAP_SHORT_ROW_BYTES = 64 * 1024
 
 
-def settings_for(n_cols: int, element_size: int) -> CrossEntropySettings:
-    """The launch settings of rows of ``n_cols`` logits of ``element_size`` bytes."""
-    return SHORT_ROW_SETTINGS if n_cols * element_size <= SHORT_ROW_BYTES else DEFAULT_SETTINGS
+def settings_for(n_cols: int, element_size: int, softcap: float | None = None) -> CrossEntropySettings:
+    """The launch settings of rows of ``n_cols`` logits of ``element_size`` bytes (and ``softcap``)."""
+    row_bytes = n_cols * element_size
+    if softcap is not None and softcap <= SOFTCAP_FIXED_MAX and row_bytes <= SOFTCAP_SHORT_ROW_BYTES:
+        return SOFTCAP_SHORT_ROW_SETTINGS
+    return SHORT_ROW_SETTINGS if row_bytes <= SHORT_ROW_BYTES else DEFAULT_SETTINGS
 
 
 def row_align(logits: torch.Tensor, grad: torch.Tensor) -> int:
@@ -754,12 +784,13 @@ class CrossEntropyFunction(torch.autograd.Function):
         options: CrossEntropyOptions | None = None,
     ):
         options = options if options is not None and not options.plain else None
-        # One setting for every option: the softcap's fixed max keeps its per-lane sums in
-        # [TILE_COLS] vectors (``_row_stats``); its [BLOCK_V] vectors spilled at 64 KB blocks.
+        # Settings by row length, and for the softcap on short rows (``settings_for``).
         shape = logits.shape
         rows = as_rows(logits)
         n_rows, n_cols = rows.shape
-        settings = settings or settings_for(n_cols, rows.element_size())
+        settings = settings or settings_for(
+            n_cols, rows.element_size(), options.softcap if options is not None else None
+        )
         target = target.reshape(-1)
         compute_grad = ctx.needs_input_grad[0]
         if not compute_grad:
@@ -796,7 +827,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                 HAS_ZLOSS=options.lse_square_scale != 0.0,
                 FAST_TANH=fast_tanh(rows.dtype),
                 FIXED_MAX=settings.uses_fixed_max(options.softcap),
-                TILE_COLS=settings.tile_cols(rows.element_size()),
+                TILE_COLS=settings.tile_cols(rows.element_size(), n_cols),
                 SWEEP2_SUM=settings.smoothing_in_sweep2(
                     # the logits' rows and the gradient's (n_cols apart)
                     options.softcap,
@@ -811,7 +842,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             dict(
                 MEAN=reduction == "mean",
                 COMPUTE_GRAD=compute_grad,
-                BLOCK_V=settings.block_v(rows.element_size()),
+                BLOCK_V=settings.block_v(rows.element_size(), n_cols),
                 TARGET_FIXUP=settings.target_fixup,
                 ALIGN=row_align(rows, grad) if settings.vector_rows else 1,
                 **settings.launch_options(),

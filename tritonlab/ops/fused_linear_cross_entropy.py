@@ -110,7 +110,7 @@ def _chunked_pass(
     )
     stats_seen = _stats_to_host(stats) if check_targets else None
 
-    settings = settings_for(vocab, x.element_size())
+    settings = settings_for(vocab, x.element_size(), softcap)
     option_args = {}
     if label_smoothing != 0.0 or softcap is not None:
         option_args = dict(
@@ -120,10 +120,10 @@ def _chunked_pass(
             HAS_SOFTCAP=softcap is not None,
             FAST_TANH=fast_tanh(x.dtype),
             FIXED_MAX=settings.uses_fixed_max(softcap),
-            TILE_COLS=settings.tile_cols(x.element_size()),
+            TILE_COLS=settings.tile_cols(x.element_size(), vocab),
             SWEEP2_SUM=settings.smoothing_in_sweep2(softcap, vocab * x.element_size()),
         )
-    block_v = settings.block_v(x.element_size())
+    block_v = settings.block_v(x.element_size(), vocab)
 
     rows_per_chunk = min(chunk_rows, max(n_rows, 1))
     buf = torch.empty((rows_per_chunk, vocab), dtype=x.dtype, device=device)

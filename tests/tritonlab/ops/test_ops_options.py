@@ -21,6 +21,7 @@ from tritonlab.ops.cross_entropy import (
     DEFAULT_SETTINGS,
     SHORT_ROW_SETTINGS,
     SOFTCAP_FIXED_MAX,
+    SOFTCAP_SHORT_ROW_SETTINGS,
     CrossEntropyFunction,
     CrossEntropyOptions,
     CrossEntropySettings,
@@ -213,6 +214,25 @@ def test_cross_entropy_settings_follow_the_row_length_and_alignment():
     assert not SHORT_ROW_SETTINGS.smoothing_in_sweep2(100.0, 64000)  # past the fixed max's range
     assert SHORT_ROW_SETTINGS.smoothing_in_sweep2(None, 100514)
     assert DEFAULT_SETTINGS.smoothing_in_sweep2(None, 256512)
+    # The softcap's fixed max on rows of at most 64 KiB: four programs an SM; longer rows, a softcap
+    # past the fixed max's range and the other options keep the row length's settings.
+    assert settings_for(32000, 2, 30.0) is SOFTCAP_SHORT_ROW_SETTINGS
+    assert SOFTCAP_SHORT_ROW_SETTINGS.programs_per_sm == 4 and SOFTCAP_SHORT_ROW_SETTINGS.num_warps == 8
+    assert settings_for(50257, 2, 30.0) is SHORT_ROW_SETTINGS
+    assert settings_for(32000, 2, 1.5 * SOFTCAP_FIXED_MAX) is SHORT_ROW_SETTINGS
+    assert settings_for(128256, 2, 30.0) is DEFAULT_SETTINGS
+
+
+def test_cross_entropy_blocks_halve_where_the_last_one_would_be_mostly_padding():
+    # (the GPU's short-row and long-row blocks: 32 and 64 KB)
+    short, long = CrossEntropySettings(32768, 16, 2.0), CrossEntropySettings(65536, 32, 1.0)
+    assert short.block_v(2) == short.block_v(2, 32000) == 16384  # 2.4% padding
+    assert short.block_v(2, 50257) == 8192  # 30% padding at 16 384, 14% at 8 192
+    assert long.block_v(2, 128256) == 32768 and long.block_v(2, 100277) == 16384
+    # float32: 16 384 logits a 64 KB block, the same rule
+    assert long.block_v(4, 100277) == 16384 and long.block_v(4, 50257) == 8192
+    # never below one 16-byte vector a thread (16 warps: 4 096 bf16 logits), however short the row
+    assert short.block_v(2, 1) == 4096 and short.tile_cols(2, 1) == 4096
 
 
 @pytest.mark.parametrize("variant", list(_VARIANT_SETTINGS))
