@@ -38,14 +38,21 @@ which computes them anyway. The per-lane sums run over tiles that keep their row
 runs. Against the plain loss in the same process (same file): smoothing 1.031x, the softcap 1.033x,
 the z-loss 0.990x, every option on 1.007x; before, 1.071x, 1.058x, 1.018x, 1.081x.
 
+Rows that are not whole 16-byte vectors (50 257 bf16 logits) are swept from the 16-byte boundary
+before each row (``_row_span``, ``ALIGN``): the row's whole vectors in 16-byte loads and stores, its
+few edge columns apart (``_edges``), where element-wise masks left every access at 2 bytes: 733
+against 1248 us at 8192 x 50257 bf16, 777 against 1761 with every option (H100,
+``reports/data/kernel_suite/diagnostics/ce_vector_rows_*``).
+
 Launch settings (:class:`CrossEntropySettings`, swept by ``python -m phases kernel_suite --tune``):
 each sweep-1 iteration moves ``block_bytes`` of logits -- 64 KB measured fastest at 16384 x 128256
 bf16 on the H100 (3.60 ms against 3.95 ms at 32 KB: more bytes in flight per SM), so the block's
 *element* count follows the element size (32 768 bf16 logits, 16 384 float32 ones: the same bytes
 and registers per thread). Rows of at most ``SHORT_ROW_BYTES`` (32 000 or 50 257 bf16 logits) take
 ``SHORT_ROW_SETTINGS`` instead: two programs an SM, half the warps and half the block each, so that
-one program's reductions overlap the other's loads (``settings_for``). Every option runs the
-settings of its row length. The interpreter runs small blocks faster.
+one program's reductions overlap the other's loads (``settings_for``); the softcap on rows of at
+most 64 KiB runs four programs an SM (``SOFTCAP_SHORT_ROW_SETTINGS``). A block halves where the row's
+blocks would be more than ``MAX_BLOCK_PADDING`` padding. The interpreter runs small blocks faster.
 On a GPU each kernel is compiled at the first call of a signature and launched directly after it
 (``tritonlab._launch.launch``), except with class weights (see ``_launch``).
 """
@@ -116,7 +123,8 @@ class CrossEntropySettings:
         """Whether label smoothing sums the logits in sweep 2 (``SWEEP2_SUM``): as the settings say,
         but always beside the fixed max (its sweep 1 spilled with the sum: every option on 1.10x at
         32 000 bf16 logits two programs an SM) and on rows not a multiple of 16 bytes (smoothing
-        1.37x at 50 257), on the H100 (``reports/data/kernel_suite/diagnostics/ce_smoothing_sweep_*``)."""
+        1.37x at 50 257 with element-wise sweeps; 1.007x with the sweep-2 sum and 16-byte ones), on
+        the H100 (``reports/data/kernel_suite/diagnostics/ce_smoothing_sweep_*``, ``ce_vector_rows_*``)."""
         return self.smoothing_sum_sweep2 or self.uses_fixed_max(softcap) or row_bytes % 16 != 0
 
     def launch_options(self) -> dict:
