@@ -436,14 +436,6 @@ def _timer(case: Case, fn: Callable, args: list, pass_: str) -> Callable:
     return fwd_bwd
 
 
-# Kernels whose cells are seconds of GEMMs after the fp32 reference's: each variant warms up this long
-# first. With one warm-up call (the default 100 ms) the variant timed first read slow: the fused linear
-# cross-entropy 1.081x compile at 16384 x 128256 timed first, 1.018x timed after it (H100, runs
-# 20261127T140853Z and 20261127T142242Z, the same code).
-GEMM_BOUND = ("fused_linear_cross_entropy",)
-GEMM_BOUND_WARMUP_MS = 1000.0
-
-
 @functools.cache
 def copy_gbps(nbytes: int, warmup_ms: float, rep_ms: float) -> float:
     """GB/s of a device copy (``clone()``) that reads and writes ``nbytes`` in all, once per size."""
@@ -492,8 +484,6 @@ class _CaseCells:
         case = self.case
         timer = _timer(case, case.functions[variant], args, pass_)
         nbytes = case.bytes[pass_]
-        if ON_GPU and case.kernel in GEMM_BOUND:
-            bench_kw = {**bench_kw, "warmup_ms": max(bench_kw.get("warmup_ms", 0.0), GEMM_BOUND_WARMUP_MS)}
         row = timed(timer, nbytes=nbytes, **bench_kw)
         host_ms, device_ms = host_and_device_ms(timer)
         copy = copy_gbps(nbytes, bench_kw.get("warmup_ms", 100.0), bench_kw.get("rep_ms", 500.0))
