@@ -38,6 +38,7 @@ from tritonlab.ops import (
 from tritonlab.ops.cross_entropy import (
     DEFAULT_SETTINGS,
     SHORT_ROW_SETTINGS,
+    SOFTCAP_SHORT_ROW_SETTINGS,
     CrossEntropyFunction,
     CrossEntropyOptions,
     CrossEntropySettings,
@@ -564,10 +565,11 @@ CE_SETTINGS = [
 CE_SOFTCAP_KERNELS = ("cross_entropy_options", "cross_entropy_softcap")
 RMS_SETTINGS = [(16, 1), (32, 1), (16, 2), (32, 2), (16, 3), (32, 3)]
 # Rows short enough for SHORT_ROW_SETTINGS (cross_entropy.settings_for): those settings against the
-# long rows', and each of their two departures from the rest undone.
+# long rows' and the softcap's short-row ones, and each of their two departures from the rest undone.
 CE_SHORT_SETTINGS = [
     SHORT_ROW_SETTINGS,
     DEFAULT_SETTINGS,
+    SOFTCAP_SHORT_ROW_SETTINGS,
     dataclasses.replace(SHORT_ROW_SETTINGS, smoothing_sum_sweep2=True),
     dataclasses.replace(SHORT_ROW_SETTINGS, max_registers=None),
 ]
