@@ -57,6 +57,7 @@ On a GPU each kernel is compiled at the first call of a signature and launched d
 (``tritonlab._launch.launch``), except with class weights (see ``_launch``).
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -104,16 +105,20 @@ class CrossEntropySettings:
         """Logits a sweep iteration: ``block_bytes`` of them, halved while the row's blocks would be
         more than ``MAX_BLOCK_PADDING`` padding (down to one 16-byte vector a thread)."""
         block = next_power_of_2(max(16, self.block_bytes // element_size))
-        one_vector_each = self.num_warps * 32 * max(1, 16 // element_size)
+        one_vector_each = self.one_vector_each(element_size)
         while n_cols is not None and block > one_vector_each and -n_cols % block > MAX_BLOCK_PADDING * n_cols:
             block //= 2
         return block
+
+    def one_vector_each(self, element_size: int) -> int:
+        """Logits in one 16-byte vector for each of a program's threads."""
+        return self.num_warps * 32 * max(1, 16 // element_size)
 
     def tile_cols(self, element_size: int, n_cols: int | None = None) -> int:
         """The columns of the tiles whose per-lane sums stay small (``_tile``: the fixed max's sweep 1,
         the smoothing's sweep 2): one 16-byte vector for each of the program's threads, at most the
         block."""
-        return min(self.block_v(element_size, n_cols), self.num_warps * 32 * max(1, 16 // element_size))
+        return min(self.block_v(element_size, n_cols), self.one_vector_each(element_size))
 
     def uses_fixed_max(self, softcap: float | None) -> bool:
         """Whether the softcapped sweep takes the softcap as the row's max (``_row_stats``) here."""
@@ -126,6 +131,10 @@ class CrossEntropySettings:
         1.37x at 50 257 with element-wise sweeps; 1.007x with the sweep-2 sum and 16-byte ones), on
         the H100 (``reports/data/kernel_suite/diagnostics/ce_smoothing_sweep_*``, ``ce_vector_rows_*``)."""
         return self.smoothing_sum_sweep2 or self.uses_fixed_max(softcap) or row_bytes % 16 != 0
+
+    def align(self, logits: torch.Tensor, grad: torch.Tensor) -> int:
+        """The kernel's ``ALIGN``: ``row_align``'s, or 1 (element-wise sweeps) without ``vector_rows``."""
+        return row_align(logits, grad) if self.vector_rows else 1
 
     def launch_options(self) -> dict:
         """The compiler's options of these settings, as ``kernel[grid]`` takes them."""
@@ -158,12 +167,8 @@ SHORT_ROW_BYTES = 100 * 1024
 # slow from 218 to 230 us, keeps its own). At 50 257 logits four programs lost (every option 792 against
 # 716 us at 16 KB blocks): their rows, 53 MB in flight, no longer fit the 50 MB L2 for sweep 2
 # (H100, reports/data/kernel_suite/diagnostics/ce_short_options_settings_*).
-SOFTCAP_SHORT_ROW_SETTINGS = CrossEntropySettings(
-    block_bytes=2048 if INTERPRET else 16384,
-    num_warps=8,
-    programs_per_sm=4.0,
-    max_registers=64,
-    smoothing_sum_sweep2=False,
+SOFTCAP_SHORT_ROW_SETTINGS = dataclasses.replace(
+    SHORT_ROW_SETTINGS, block_bytes=2048 if INTERPRET else 16384, num_warps=8, programs_per_sm=4.0
 )
 SOFTCAP_SHORT_ROW_BYTES = 64 * 1024
 
@@ -852,7 +857,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                 COMPUTE_GRAD=compute_grad,
                 BLOCK_V=settings.block_v(rows.element_size(), n_cols),
                 TARGET_FIXUP=settings.target_fixup,
-                ALIGN=row_align(rows, grad) if settings.vector_rows else 1,
+                ALIGN=settings.align(rows, grad),
                 **settings.launch_options(),
                 **option_args,
             ),

@@ -61,7 +61,6 @@ from .cross_entropy import (
     _target_stats_kernel,
     check_target,
     fast_tanh,
-    row_align,
     settings_for,
 )
 
@@ -151,7 +150,7 @@ def _chunked_pass(
                 MEAN=mean,
                 COMPUTE_GRAD=compute_grad,
                 BLOCK_V=block_v,
-                ALIGN=row_align(z, z) if settings.vector_rows else 1,
+                ALIGN=settings.align(z, z),
                 **settings.launch_options(),
                 **option_args,
             ),
