@@ -19,7 +19,9 @@ the backward and writes G: at N = 16 384, V = 128 256 that is 8.4 GB of float32 
 What stays alive is the chunk buffer (``chunk_rows x V``, bounded by ``DEFAULT_CHUNK_BYTES``: 512 MiB
 on a GPU, 8 KiB in the interpreter, so tests see many chunks), dx (N x H) and dW (V x H): at
 (16 384, 4 096, 128 256) in bf16, 0.5 + 0.125 + 0.98 GiB. The backward only multiplies the stored
-gradients by the upstream gradient (a scalar for ``mean`` and ``sum``), in place.
+gradients by the upstream gradient (a scalar for ``mean`` and ``sum``), in place, and skips that pass
+when the scalar is 1 (``loss.backward()``): the kernel reads it on the GPU, so the host never waits
+for it (a CUDA graph can capture the step), and 2 GiB of dW traffic is saved.
 
 **The mean** divides by the counted (non-ignored) targets of the *whole* batch: a small kernel counts
 them (and the targets out of range, which raise ``ValueError``) before the first chunk, and every
@@ -49,6 +51,8 @@ dtype; the loss is float32 under autocast, as F.cross_entropy's is); class ``wei
 import math
 
 import torch
+import triton
+import triton.language as tl
 
 from .._launch import LaunchCache, first_launch, launch
 from .._runtime import INTERPRET
@@ -172,6 +176,42 @@ def _chunked_pass(
         if grad_bias:
             db.add_(z.sum(0, dtype=torch.float32))
     return loss_rows, stats, dx, dw, db
+
+
+_SCALE_BLOCK = 4096
+
+
+@triton.jit
+def _scale_unless_one_kernel(t_ptr, g_ptr, n, BLOCK: tl.constexpr):
+    """``t *= g`` over ``n`` contiguous elements, a no-op (one load per program) when ``g == 1``."""
+    g = tl.load(g_ptr).to(tl.float32)
+    if g != 1.0:
+        for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+            offs = tl.cast(tile, tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            t = tl.load(t_ptr + offs, mask=mask)
+            tl.store(t_ptr + offs, (t.to(tl.float32) * g).to(t.dtype), mask=mask)
+
+
+@torch.library.custom_op("tritonlab::scale_unless_one_", mutates_args=("t",))
+def _scale_unless_one_(t: torch.Tensor, g: torch.Tensor) -> None:
+    """``t.mul_(g)`` for a contiguous ``t`` and a one-element ``g``, skipped on the GPU when g is 1."""
+    if not t.is_contiguous() or t.numel() == 0:
+        t.mul_(g)
+        return
+    launch(
+        _LAUNCHES,
+        _scale_unless_one_kernel,
+        (persistent_programs(triton.cdiv(t.numel(), _SCALE_BLOCK), 4, t.device),),
+        (t, g.reshape(1)),
+        (t.numel(),),
+        dict(BLOCK=_SCALE_BLOCK, num_warps=4),
+    )
+
+
+@_scale_unless_one_.register_fake
+def _(t, g):
+    return None
 
 
 _EMPTY = (0,)
@@ -311,9 +351,9 @@ def _backward(ctx, grad_loss, _grad_dx, _grad_dw, _grad_db):
         (dx, dw, db), ctx.grads = ctx.grads, None
         # In place: a second dW-sized buffer here would double the peak. (Under torch.compile the
         # graph is functionalised and the compiler decides.)
-        dx, dw, db = (
-            g.mul_(grad_loss) if flag else None for g, flag in zip((dx, dw, db), (gx, gw, gb), strict=True)
-        )
+        for g, flag in zip((dx, dw, db), (gx, gw, gb), strict=True):
+            if flag:
+                _scale_unless_one_(g, grad_loss)
     return (
         dx if gx else None,
         dw if gw else None,

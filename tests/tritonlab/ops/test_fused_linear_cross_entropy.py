@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonlab.ops import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
-from tritonlab.ops.fused_linear_cross_entropy import DEFAULT_CHUNK_BYTES, chunk_rows_for
+from tritonlab.ops.fused_linear_cross_entropy import DEFAULT_CHUNK_BYTES, _scale_unless_one_, chunk_rows_for
 from tritonlab.testing import rel_err
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -303,3 +303,29 @@ def test_gpu_torch_compile_fullgraph():
         results.append([loss, *torch.autograd.grad(loss, leaves)])
     for a, b in zip(*results, strict=True):
         assert rel_err(a, b) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 4097, 3 * 4096 + 5])
+@pytest.mark.parametrize("g", [1.0, 2.5, -0.5, 0.0])
+def test_scale_unless_one(n, dtype, g):
+    """The backward's in-place scale: t * g rounded once to t's dtype (within one bf16 ulp: the
+    interpreter rounds float32 to bf16 toward zero, the GPU to nearest), t unchanged for g = 1, over
+    more tiles than programs (the interpreter runs a handful)."""
+    t = torch.randn(n, dtype=torch.float32).to(dtype)
+    before = t.clone()
+    expected = (t.float() * g).to(dtype)
+    _scale_unless_one_(t, torch.tensor(g))
+    if g == 1.0 or dtype != torch.bfloat16:
+        assert torch.equal(t, before if g == 1.0 else expected)
+    else:
+        torch.testing.assert_close(t, expected, rtol=2**-7, atol=0)
+
+
+def test_scale_unless_one_strided():
+    """A non-contiguous tensor takes torch's multiply and gets the same result."""
+    base = torch.randn(6, 10)
+    t = base.t()
+    expected = t * 3.0
+    _scale_unless_one_(t, torch.tensor(3.0))
+    assert torch.equal(t, expected) and torch.equal(base.t(), expected)
