@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from .device import ON_GPU
 from .results import ResultWriter, failure_row
-from .timing import bench
+from .timing import Timing, bench
 
 
 @dataclass
@@ -51,7 +51,13 @@ def timed(
 ) -> dict:
     """``bench(fn)``'s median and spread as row columns, with TFLOP/s and GB/s where counts are given
     (the work the operation needs, not what an implementation happens to do)."""
-    timing = bench(fn, **bench_kw)
+    return timing_row(bench(fn, **bench_kw), flops=flops, nbytes=nbytes, prefix=prefix)
+
+
+def timing_row(
+    timing: Timing, *, flops: float | None = None, nbytes: float | None = None, prefix: str = ""
+) -> dict:
+    """A :class:`Timing` as :func:`timed`'s row columns."""
     row = timing.as_row(prefix)
     seconds = timing.ms * 1e-3
     if flops is not None:

@@ -204,7 +204,7 @@ def _gpu_sleep_cycles_per_ms() -> float:
     return 10_000_000 / start.elapsed_time(stop)
 
 
-def bench(
+def bench_samples(
     fn: Callable[[], object],
     *,
     warmup_ms: float = 100.0,
@@ -213,8 +213,8 @@ def bench(
     max_reps: int = 500,
     flush_l2: bool = True,
     head_start_ms: float = 0.0,
-) -> Timing:
-    """Time ``fn()`` after warm-up and return the median and spread in milliseconds.
+) -> list[float]:
+    """Time ``fn()`` after warm-up: the milliseconds of each timed call.
 
     One untimed call compiles and estimates the cost; the number of warm-up and timed calls then
     follows from the two time budgets, so a 10-second training step is run a few times and a
@@ -247,7 +247,30 @@ def bench(
         started = clock.start()
         fn()
         clock.stop(started)
-    return summarize([ms for _, ms in clock.elapsed_ms()])
+    return [ms for _, ms in clock.elapsed_ms()]
+
+
+def bench(fn: Callable[[], object], **bench_kw) -> Timing:
+    """``fn()``'s median and spread in milliseconds over :func:`bench_samples`' timed calls."""
+    return summarize(bench_samples(fn, **bench_kw))
+
+
+def bench_interleaved(
+    fns: dict[str, Callable[[], object]], *, rounds: int = 3, **bench_kw
+) -> dict[str, Timing]:
+    """Each of ``fns`` timed in ``rounds`` rounds of :func:`bench_samples`, in alternating order
+    (A B C, C B A, A B C, ...), the samples of all its rounds summarised together.
+
+    For calls that hold the GPU at its power limit: the clock the card settles at drifts with the
+    load of the seconds before (an H100 at 700 W ran 1350-1400 MHz), so such calls timed one after
+    another differ by their order alone; in rounds every call meets the same drift.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            samples[name] += bench_samples(fns[name], **bench_kw)
+    return {name: summarize(times) for name, times in samples.items()}
 
 
 class StageTimer:

@@ -21,7 +21,8 @@ import torch._functorch.config
 import torch.nn.functional as F
 
 from common import DEVICE, ON_GPU, Cell, bench, check_close, measure_peak_memory, timed
-from common.timing import host_and_device_ms
+from common.runner import timing_row
+from common.timing import bench_interleaved, host_and_device_ms
 from tritonlab.ops import (
     FP8_DTYPE,
     FP8_MAX,
@@ -66,6 +67,11 @@ VARIANTS = ("ours", "ours-unchecked", "eager", "compile", "liger")
 # is the bound (small sizes). The fused linear cross-entropy waits once per call too, behind GEMMs
 # of tens of milliseconds: not offered there.
 TARGET_CHECKED = ("cross_entropy", *CE_OPTION_SETS)
+# Kernels whose variants are timed in alternating rounds (common.timing.bench_interleaved), not one
+# after another: the fused linear cross-entropy's GEMMs hold an H100 at its 700 W limit, where the
+# clock follows the load before it and order alone moved ours against compile from 0.99x
+# (alternating) to 1.05x (ours first; flce_clocks diagnostic).
+INTERLEAVED = {"fused_linear_cross_entropy": 3}
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
 # (tokens, width) per kernel and size set; rope's width is heads x head_dim of q (k has a quarter
@@ -447,12 +453,16 @@ def copy_gbps(nbytes: int, warmup_ms: float, rep_ms: float) -> float:
 class _CaseCells:
     """The cells of one kernel at one size. The inputs and the fp32 reference are built when its first
     cell runs (a failure there fails each of its cells, as rows); each variant is checked once, before
-    its first pass is timed, and its inputs are dropped when the next variant starts."""
+    its first pass is timed, and its inputs are dropped when the next variant starts -- except for an
+    INTERLEAVED kernel, whose variants' inputs stay until all are timed together, in rounds, by the
+    first cell of each pass."""
 
-    def __init__(self, kernel, tokens, width, dtype, liger):
+    def __init__(self, kernel, tokens, width, dtype, liger, variants):
         self.spec = (kernel, tokens, width, dtype, liger)
+        self.variants = variants
         self.case = self.ref = None
         self.checked: dict[str, tuple] = {}
+        self.rounds: dict[str, dict] = {}
 
     def _case(self) -> Case:
         if self.case is None:
@@ -463,7 +473,8 @@ class _CaseCells:
     def _check(self, variant: str):
         """(args, relative error, extra GB) of ``variant``, or the exception its check raised."""
         if variant not in self.checked:
-            self.checked.clear()  # the previous variant's inputs and outputs: no longer needed
+            if self.spec[0] not in INTERLEAVED:
+                self.checked.clear()  # the previous variant's inputs and outputs: no longer needed
             try:
                 case = self._case()
                 fn = case.functions[variant]
@@ -480,12 +491,31 @@ class _CaseCells:
             raise result
         return result
 
+    def _interleaved(self, pass_: str, bench_kw: dict):
+        """Every variant that passes its check, timed in alternating rounds; once per pass."""
+        if pass_ not in self.rounds:
+            timers = {}
+            for variant in self.variants:
+                try:
+                    args = self._check(variant)[0]
+                except Exception:
+                    continue  # its own cell reports the failure
+                timers[variant] = _timer(self.case, self.case.functions[variant], args, pass_)
+            self.rounds[pass_] = bench_interleaved(timers, rounds=INTERLEAVED[self.spec[0]], **bench_kw)
+        return self.rounds[pass_]
+
     def run(self, variant: str, pass_: str, bench_kw: dict) -> dict:
         args, err, extra_gb = self._check(variant)
         case = self.case
         timer = _timer(case, case.functions[variant], args, pass_)
         nbytes = case.bytes[pass_]
-        row = timed(timer, nbytes=nbytes, **bench_kw)
+        if case.kernel in INTERLEAVED:
+            row = {
+                **timing_row(self._interleaved(pass_, bench_kw)[variant], nbytes=nbytes),
+                "rounds": INTERLEAVED[case.kernel],
+            }
+        else:
+            row = timed(timer, nbytes=nbytes, **bench_kw)
         host_ms, device_ms = host_and_device_ms(timer)
         copy = copy_gbps(nbytes, bench_kw.get("warmup_ms", 100.0), bench_kw.get("rep_ms", 500.0))
         inputs_gb = sum(a.numel() * a.element_size() for a in case.args if isinstance(a, torch.Tensor)) / 1e9
@@ -530,13 +560,14 @@ def cells(kernels, variants, passes, sizes, dtype_name: str, bench_kw: dict) -> 
     liger = liger_ops() if "liger" in variants else dict.fromkeys(KERNELS, "not requested")
     dtype = DTYPES[dtype_name]
     for kernel in kernels:
+        # nothing to uncheck where targets are not checked
+        runs = [v for v in variants if v != "ours-unchecked" or kernel in TARGET_CHECKED]
         for tokens, width in sizes_of(kernel, sizes):
-            group = _CaseCells(kernel, tokens, width, dtype, liger)
+            timed_variants = [v for v in runs if v != "liger" or not isinstance(liger[kernel], str)]
+            group = _CaseCells(kernel, tokens, width, dtype, liger, timed_variants)
             key = {"kernel": kernel, "tokens": tokens, "width": width}
-            for variant in variants:
-                if variant == "ours-unchecked" and kernel not in TARGET_CHECKED:
-                    continue  # nothing to uncheck
-                if variant == "liger" and isinstance(liger[kernel], str):
+            for variant in runs:
+                if variant not in timed_variants:
                     yield Cell(
                         variant,
                         f"{tokens}x{width}",

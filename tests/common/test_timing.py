@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common import StageTimer, bench
-from common.timing import summarize
+from common.timing import bench_interleaved, summarize
 
 
 def test_summarize_orders_quantiles():
@@ -22,6 +22,26 @@ def test_summarize_orders_quantiles():
 def test_bench_measures_a_sleep():
     t = bench(lambda: time.sleep(0.002), warmup_ms=5, rep_ms=30)
     assert 1.5 < t.ms < 50 and t.reps >= 3
+
+
+def test_bench_interleaved_alternates_rounds_and_pools_samples():
+    """Rounds run A B, B A, A B; each call's rounds are summarised together, each call timed alone."""
+    order = []
+
+    def call(name, seconds):
+        def run():
+            order.append(name)
+            time.sleep(seconds)
+
+        return run
+
+    timings = bench_interleaved(
+        {"a": call("a", 0.001), "b": call("b", 0.004)}, rounds=3, warmup_ms=0, rep_ms=10, min_reps=3
+    )
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+    assert runs == ["a", "b", "a", "b"]  # a b | b a | a b: the middle b's and a's meet
+    assert timings["a"].reps >= 9 and timings["b"].reps >= 9
+    assert 0.5 < timings["a"].ms < timings["b"].ms < 50
 
 
 def test_stage_timer_records_every_stage():

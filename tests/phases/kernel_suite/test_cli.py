@@ -104,3 +104,28 @@ def test_tune_sweeps_run_and_are_checked(monkeypatch):
     softcapped = [r["setting"] for r in rows if r["kernel"] == "cross_entropy_softcap"]
     assert sum("fixed_max=False" in s for s in softcapped) == len(bench.CE_SETTINGS)
     assert writer.path.parent.name == "tune"  # kept out of the benchmark's tables
+
+
+def test_interleaved_kernel_times_its_variants_together_in_rounds(monkeypatch):
+    """The fused linear cross-entropy's variants are checked first, then timed once, together, in
+    alternating rounds; each row says how many."""
+    bench = phase_module("kernel_suite", "bench")
+    timed_together = []
+
+    def spy(fns, **kw):
+        timed_together.append(list(fns))
+        return real(fns, **kw)
+
+    real = bench.bench_interleaved
+    monkeypatch.setattr(bench, "bench_interleaved", spy)
+    kernel = "fused_linear_cross_entropy"
+    cells = bench.cells(
+        [kernel], ["ours", "eager"], ["fwd+bwd"], ["tiny"], "fp32", {"warmup_ms": 1, "rep_ms": 1}
+    )
+    rows = run_cells(ResultWriter("kernel_suite"), cells)
+    assert timed_together == [["ours", "eager"]]
+    assert [(r["variant"], r["status"], r["rounds"]) for r in rows] == [
+        ("ours", "ok", bench.INTERLEAVED[kernel]),
+        ("eager", "ok", bench.INTERLEAVED[kernel]),
+    ]
+    assert all(r["reps"] >= 3 * bench.INTERLEAVED[kernel] for r in rows)
