@@ -8,8 +8,9 @@ the reference SDPA backend (cuDNN on a GPU, the math backend on the CPU) and the
 that fails or runs out of memory becomes a row saying so.
 
 The three phases also share their command line (:func:`attention_parser`, :func:`parse_attention_args`;
-02's and 03's whole script, :func:`attention_main`) and their report (:func:`attention_report`); each
-adds its goals and, 04, its own flags.
+02's and 03's whole script, :func:`attention_main`), their Nsight Compute pass
+(:func:`profile_against_cudnn`) and their report (:func:`attention_report`); each adds its goals
+and, 04, its own flags.
 """
 
 import functools
@@ -29,7 +30,7 @@ from tritonlab.tuning_workloads import SWEEP_LK, SWEEP_QUERY_ROWS  # the sweep t
 from .cli import parse_phase_args, phase_parser, phase_run, refuse_bf16_on_cpu
 from .device import DEVICE, ON_GPU
 from .memory import measure_peak_memory
-from .ncu import render_profile
+from .ncu import pass_shape, profile_once, render_profile
 from .report import (  # much the same list as other modules': a declaration, not logic
     Figures,
     PhaseReport,
@@ -195,6 +196,16 @@ def run_case(fn, q, k, v, do, backward: bool):
     if not backward:
         return (o,)
     return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+
+def profile_against_cudnn(prog: str, ours: dict[str, Callable], *, backward: bool, argv=None) -> None:
+    """An attention phase's ncu_pass: one call each of SDPA cuDNN and ``ours`` (name -> f(q, k, v))
+    at the TransformerNP ``--shape`` (:func:`common.ncu.pass_shape`), on the benchmark's inputs in
+    bf16, forward only or forward + backward, as :func:`common.ncu.profile_once` runs them."""
+    shape = pass_shape(prog, argv)
+    q, k, v, do = make_inputs(tnp_case(shape.name), DTYPES["bf16"], grad=backward)
+    calls = {"sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), **ours}
+    profile_once({name: functools.partial(run_case, fn, q, k, v, do, backward) for name, fn in calls.items()})
 
 
 def max_errors(ours, ref) -> dict:
@@ -371,15 +382,13 @@ def attention_verdicts(phase: str, df: pd.DataFrame, goals: list[tuple]) -> list
     return verdicts
 
 
-def attention_report(phase: str, title: str, *, section: str, goals: list[tuple], profile: bool = False):
-    """The phase's ``PhaseReport``: :func:`render_attention` under ``section`` (then the ncu profile,
-    with ``profile``) and :func:`attention_verdicts` of ``goals``."""
+def attention_report(phase: str, title: str, *, section: str, goals: list[tuple]):
+    """The phase's ``PhaseReport``: :func:`render_attention` under ``section``, then the ncu profile
+    against SDPA cuDNN, and :func:`attention_verdicts` of ``goals``."""
 
     def render(df: pd.DataFrame, fig: Figures) -> str:
-        text = render_attention(df, fig, title=section)
-        if profile:
-            text += render_profile(phase, df["gpu"].iloc[0])
-        return text
+        profile = render_profile(phase, df["gpu"].iloc[0], "sdpa-cudnn")
+        return render_attention(df, fig, title=section) + profile
 
     def headline(df: pd.DataFrame) -> list[Verdict]:
         return attention_verdicts(phase, df, goals)

@@ -45,7 +45,6 @@ REPORT = replace(
         "04_fused_attn — the fused attention backward: one pass over the score tiles",
         section="Forward + fused backward",
         goals=GOALS,
-        profile=True,
     ),
     headline=headline,
 )

@@ -237,7 +237,7 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
     df = select_latest(_normalised(df), KEYS)
     flash = df.loc[df["bench"] == "flash"]
     causal, non_causal = flash.loc[flash["causal"]], flash.loc[~flash["causal"]]
-    profile = render_profile(PHASE, df["gpu"].iloc[0])
+    profile = render_profile(PHASE, df["gpu"].iloc[0], "sdpa-cudnn")
     parts = [_goals(causal), _flash(causal, fig, True), _flash(non_causal, fig, False), profile]
     parts += [_naive(df), _compile(df), _tune(df)]
     return "\n".join(p for p in parts if p) + failures_table(df)

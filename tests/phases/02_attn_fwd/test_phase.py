@@ -1,11 +1,16 @@
-"""Phase 02's command line, a tiny run on the CPU, and its report and headline from GPU-like rows."""
+"""Phase 02's command line, a tiny run on the CPU, its ncu pass, and its report (the profile too) and
+headline from GPU-like rows."""
 
 import pandas as pd
 import pytest
+import torch
 
+import common.attention_bench as attention_bench
+import common.ncu as ncu
 from common import ON_GPU
 from common.report import Figures
 from phases.__main__ import phase_module, run_phase, title
+from tritonlab.attention import attention_forward
 
 
 def gpu_rows(variants_ms: dict, shape="mid", mode="fwd", group="g1", dtype="bf16") -> pd.DataFrame:
@@ -82,3 +87,35 @@ def test_report_shows_the_other_head_dims_shapes(tmp_path):
     shapes_table = text.split("TransformerNP shapes")[1].split("\n## ")[0]
     d128 = [line for line in shapes_table.splitlines() if "| mid-d128 " in line]
     assert len(d128) == 2 and any("| 1.25 " in line for line in d128), shapes_table
+
+
+def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_the_forward(monkeypatch):
+    ncu_pass = phase_module("02", "ncu_pass")
+    monkeypatch.setattr(ncu, "ON_GPU", False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        ncu_pass.main([])
+    monkeypatch.setattr(ncu, "ON_GPU", True)
+    profiled = {}
+    monkeypatch.setattr(attention_bench, "profile_once", profiled.update)
+    ncu_pass.main(["--shape", "tiny"])  # the calls are collected, not run
+    assert list(profiled) == ["sdpa-cudnn", "triton"]
+    for call in profiled.values():
+        fn, q, k, v, do, backward = call.args
+        assert q.shape == (2, 8, 48, 64) and k.shape == (2, 8, 37, 64) and q.dtype == torch.bfloat16
+        assert backward is False and q.requires_grad is False
+    assert profiled["triton"].args[0] is attention_forward
+
+
+def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile):
+    report = phase_module("02", "report")
+    df = gpu_rows({"triton": 2.0, "sdpa-cudnn": 2.2})
+    fig = Figures("02_attn_fwd", tmp_path, "H100")
+    none = "_Not profiled yet: `phases/02_attn_fwd/ncu_pass.py` has the two commands._"
+    assert none in report.REPORT.render(df, fig)
+    gpu = ncu_profile.write("02_attn_fwd", "mid", ["triton"])
+    section = report.REPORT.render(df.assign(gpu=gpu), fig).split("## Where the time goes (Nsight Compute)")[
+        1
+    ]
+    assert none not in section and "| _our_kernel " in section and "| cudnn_fprop " in section
+    for name in ["triton"]:
+        assert ncu_profile.comparison(name) in section

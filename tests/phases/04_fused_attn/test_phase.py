@@ -1,10 +1,16 @@
-"""Phase 04's command line, a tiny run on the CPU, and its headline from GPU-like rows."""
+"""Phase 04's command line, a tiny run on the CPU, its ncu pass, and its report's profile and headline
+from GPU-like rows."""
 
 import pandas as pd
 import pytest
+import torch
 
+import common.attention_bench as attention_bench
+import common.ncu as ncu
 from common import ON_GPU
+from common.report import Figures
 from phases.__main__ import phase_module, run_phase
+from tritonlab.attention import attention, fused_attention
 
 
 @pytest.mark.parametrize(
@@ -63,3 +69,41 @@ def test_headline_has_the_graphed_small_cell():
         0.5 / 0.13
     )
     assert verdicts["small, fwd+bwd, bf16 (vs the two-pass backward)"].verdict() == "met"
+
+
+def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_both_backwards(monkeypatch):
+    ncu_pass = phase_module("04", "ncu_pass")
+    monkeypatch.setattr(ncu, "ON_GPU", False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        ncu_pass.main([])
+    monkeypatch.setattr(ncu, "ON_GPU", True)
+    profiled = {}
+    monkeypatch.setattr(attention_bench, "profile_once", profiled.update)
+    ncu_pass.main(["--shape", "tiny"])  # the calls are collected, not run
+    assert list(profiled) == ["sdpa-cudnn", "triton-2pass", "triton-fused"]
+    for call in profiled.values():
+        fn, q, k, v, do, backward = call.args
+        assert q.shape == (2, 8, 48, 64) and k.shape == (2, 8, 37, 64) and q.dtype == torch.bfloat16
+        assert backward is True and q.requires_grad is True
+    assert (
+        profiled["triton-2pass"].args[0] is attention and profiled["triton-fused"].args[0] is fused_attention
+    )
+
+
+def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile):
+    report = phase_module("04", "report")
+    df = pd.DataFrame(
+        [{"variant": v, "shape": "mid", "dtype": "bf16", "mode": "fwd+bwd", "status": "ok", "ms": ms,
+          "gpu": "H100", "utc": "2026-11-22", "run_group": "g"}
+         for v, ms in {"triton-fused": 7.0, "triton-2pass": 9.0, "sdpa-cudnn": 8.0}.items()]
+    )  # fmt: skip
+    fig = Figures("04_fused_attn", tmp_path, "H100")
+    none = "_Not profiled yet: `phases/04_fused_attn/ncu_pass.py` has the two commands._"
+    assert none in report.REPORT.render(df, fig)
+    gpu = ncu_profile.write("04_fused_attn", "mid", ["triton-2pass", "triton-fused"])
+    section = report.REPORT.render(df.assign(gpu=gpu), fig).split("## Where the time goes (Nsight Compute)")[
+        1
+    ]
+    assert none not in section and "| _our_kernel " in section and "| cudnn_fprop " in section
+    for name in ["triton-2pass", "triton-fused"]:
+        assert ncu_profile.comparison(name) in section

@@ -1,0 +1,47 @@
+"""A small Nsight Compute profile, as ``python -m common.ncu`` writes it, for the phases' report tests."""
+
+import pytest
+
+from common import ResultWriter
+from common.ncu import SUBDIR
+
+# (kernel, time_ms, tensor_pct, issue_pct, stalls): cuDNN's call, then each of ours.
+CUDNN_KERNELS = [
+    ("cudnn_fprop", 2.0, 50.0, 40.0, "selected 1.00, long_scoreboard 1.20, barrier 0.80"),
+    ("dot_do_o", 0.05, 0.0, 10.0, "long_scoreboard 40.00"),
+]
+OUR_KERNEL = ("_our_kernel", 2.5, 40.0, 30.0, "barrier 2.00, wait 1.00")
+
+
+class NcuProfile:
+    @staticmethod
+    def write(phase: str, shape: str, ours: list[str]) -> str:
+        """A profile of SDPA cuDNN (two kernels) and each variant of ``ours`` (one kernel) under the
+        test's data directory; returns the GPU its rows name."""
+        writer = ResultWriter(phase, subdir=SUBDIR)
+        calls = {"sdpa-cudnn": CUDNN_KERNELS, **{name: [OUR_KERNEL] for name in ours}}
+        for variant, kernels in calls.items():
+            for kernel, time_ms, tensor_pct, issue_pct, stalls in kernels:
+                writer.write(
+                    {"variant": variant, "kernel": kernel, "time_ms": time_ms, "tensor_pct": tensor_pct,
+                     "issue_pct": issue_pct, "stalls": stalls, "shape": shape, "dtype": "bfloat16"}
+                )  # fmt: skip
+        return writer.rows[0]["gpu"]
+
+    @staticmethod
+    def comparison(name: str) -> str:
+        """The sentence a report prints for our variant ``name``, worked out by hand: cuDNN's
+        counters weighted by its kernels' times (50·2 + 0·0.05) / 2.05 = 49%, (40·2 + 10·0.05) / 2.05 =
+        39%; its longest kernel's largest stall skips ``selected``."""
+        return (
+            f"`{name}` runs 2.50 ms in 1 kernel against `sdpa-cudnn`'s 2.05 ms in 2 (1.22× its time); "
+            "weighted by kernel time, the tensor pipe is busy 40% of active cycles against 49%, a scheduler "
+            "issues in 30% of cycles against 39%; its longest kernel (`_our_kernel`, 2.50 ms) stalls most on "
+            "`barrier` (2.00 cycles per issued instruction), `sdpa-cudnn`'s (`cudnn_fprop`, 2.00 ms) on "
+            "`long_scoreboard` (1.20)."
+        )
+
+
+@pytest.fixture
+def ncu_profile() -> NcuProfile:
+    return NcuProfile()
