@@ -29,7 +29,7 @@ COURSE_SIZES = {  # (d_model, d_ff, layers, heads)
 }
 
 
-@pytest.mark.parametrize("size", [*COURSE_SIZES, "tiny"])
+@pytest.mark.parametrize("size", [*COURSE_SIZES, "tiny", "small-128k"])
 def test_param_count_is_the_built_models(size):
     cfg = LM_SIZES[size]
     if size in COURSE_SIZES:
