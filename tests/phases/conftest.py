@@ -1,9 +1,14 @@
-"""A small Nsight Compute profile, as ``python -m common.ncu`` writes it, for the phases' report tests."""
+"""Nsight Compute for the phases' tests: a small profile as ``python -m common.ncu`` writes it (for
+the reports), and the calls an attention phase's ncu pass hands to the profiler."""
 
 import pytest
+import torch
 
+import common.attention_bench as attention_bench
+import common.ncu as ncu
 from common import ResultWriter
 from common.ncu import SUBDIR
+from phases.__main__ import phase_module
 
 # (kernel, time_ms, tensor_pct, issue_pct, stalls): cuDNN's call, then each of ours.
 CUDNN_KERNELS = [
@@ -45,3 +50,27 @@ class NcuProfile:
 @pytest.fixture
 def ncu_profile() -> NcuProfile:
     return NcuProfile()
+
+
+@pytest.fixture
+def attention_ncu_calls(monkeypatch):
+    """``collect(phase, backward)``: what ``phase``'s ncu pass profiles at the tiny shape, collected,
+    not run, after checking that without a GPU it refuses; each call's inputs are the benchmark's
+    (bf16, Lq 48, Lk 37, D 64), with gradients where it profiles the backward."""
+
+    def collect(phase: str, backward: bool) -> dict:
+        ncu_pass = phase_module(phase, "ncu_pass")
+        monkeypatch.setattr(ncu, "ON_GPU", False)
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            ncu_pass.main([])
+        monkeypatch.setattr(ncu, "ON_GPU", True)
+        profiled = {}
+        monkeypatch.setattr(attention_bench, "profile_once", profiled.update)
+        ncu_pass.main(["--shape", "tiny"])
+        for call in profiled.values():
+            fn, q, k, v, do, backward_ = call.args
+            assert q.shape == (2, 8, 48, 64) and k.shape == (2, 8, 37, 64) and q.dtype == torch.bfloat16
+            assert backward_ is backward and q.requires_grad is backward
+        return {name: call.args[0] for name, call in profiled.items()}
+
+    return collect

@@ -3,10 +3,7 @@ headline from GPU-like rows."""
 
 import pandas as pd
 import pytest
-import torch
 
-import common.attention_bench as attention_bench
-import common.ncu as ncu
 from common import ON_GPU
 from common.report import Figures
 from phases.__main__ import phase_module, run_phase, title
@@ -89,21 +86,9 @@ def test_report_shows_the_other_head_dims_shapes(tmp_path):
     assert len(d128) == 2 and any("| 1.25 " in line for line in d128), shapes_table
 
 
-def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_the_forward(monkeypatch):
-    ncu_pass = phase_module("02", "ncu_pass")
-    monkeypatch.setattr(ncu, "ON_GPU", False)
-    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        ncu_pass.main([])
-    monkeypatch.setattr(ncu, "ON_GPU", True)
-    profiled = {}
-    monkeypatch.setattr(attention_bench, "profile_once", profiled.update)
-    ncu_pass.main(["--shape", "tiny"])  # the calls are collected, not run
-    assert list(profiled) == ["sdpa-cudnn", "triton"]
-    for call in profiled.values():
-        fn, q, k, v, do, backward = call.args
-        assert q.shape == (2, 8, 48, 64) and k.shape == (2, 8, 37, 64) and q.dtype == torch.bfloat16
-        assert backward is False and q.requires_grad is False
-    assert profiled["triton"].args[0] is attention_forward
+def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_the_forward(attention_ncu_calls):
+    calls = attention_ncu_calls("02", backward=False)
+    assert list(calls) == ["sdpa-cudnn", "triton"] and calls["triton"] is attention_forward
 
 
 def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile):

@@ -3,10 +3,7 @@ from GPU-like rows."""
 
 import pandas as pd
 import pytest
-import torch
 
-import common.attention_bench as attention_bench
-import common.ncu as ncu
 from common import ON_GPU
 from common.report import Figures
 from phases.__main__ import phase_module, run_phase
@@ -41,21 +38,9 @@ def test_headline_against_the_best_sdpa_backend():
     assert verdict.verdict() == "missed by 11%"
 
 
-def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_the_two_pass_backward(monkeypatch):
-    ncu_pass = phase_module("03", "ncu_pass")
-    monkeypatch.setattr(ncu, "ON_GPU", False)
-    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        ncu_pass.main([])
-    monkeypatch.setattr(ncu, "ON_GPU", True)
-    profiled = {}
-    monkeypatch.setattr(attention_bench, "profile_once", profiled.update)
-    ncu_pass.main(["--shape", "tiny"])  # the calls are collected, not run
-    assert list(profiled) == ["sdpa-cudnn", "triton-2pass"]
-    for call in profiled.values():
-        fn, q, k, v, do, backward = call.args
-        assert q.shape == (2, 8, 48, 64) and k.shape == (2, 8, 37, 64) and q.dtype == torch.bfloat16
-        assert backward is True and q.requires_grad is True
-    assert profiled["triton-2pass"].args[0] is attention
+def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_the_two_pass_backward(attention_ncu_calls):
+    calls = attention_ncu_calls("03", backward=True)
+    assert list(calls) == ["sdpa-cudnn", "triton-2pass"] and calls["triton-2pass"] is attention
 
 
 def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile):

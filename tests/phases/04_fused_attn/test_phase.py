@@ -3,10 +3,7 @@ from GPU-like rows."""
 
 import pandas as pd
 import pytest
-import torch
 
-import common.attention_bench as attention_bench
-import common.ncu as ncu
 from common import ON_GPU
 from common.report import Figures
 from phases.__main__ import phase_module, run_phase
@@ -71,23 +68,10 @@ def test_headline_has_the_graphed_small_cell():
     assert verdicts["small, fwd+bwd, bf16 (vs the two-pass backward)"].verdict() == "met"
 
 
-def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_both_backwards(monkeypatch):
-    ncu_pass = phase_module("04", "ncu_pass")
-    monkeypatch.setattr(ncu, "ON_GPU", False)
-    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        ncu_pass.main([])
-    monkeypatch.setattr(ncu, "ON_GPU", True)
-    profiled = {}
-    monkeypatch.setattr(attention_bench, "profile_once", profiled.update)
-    ncu_pass.main(["--shape", "tiny"])  # the calls are collected, not run
-    assert list(profiled) == ["sdpa-cudnn", "triton-2pass", "triton-fused"]
-    for call in profiled.values():
-        fn, q, k, v, do, backward = call.args
-        assert q.shape == (2, 8, 48, 64) and k.shape == (2, 8, 37, 64) and q.dtype == torch.bfloat16
-        assert backward is True and q.requires_grad is True
-    assert (
-        profiled["triton-2pass"].args[0] is attention and profiled["triton-fused"].args[0] is fused_attention
-    )
+def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_both_backwards(attention_ncu_calls):
+    calls = attention_ncu_calls("04", backward=True)
+    assert list(calls) == ["sdpa-cudnn", "triton-2pass", "triton-fused"]
+    assert calls["triton-2pass"] is attention and calls["triton-fused"] is fused_attention
 
 
 def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile):
