@@ -38,6 +38,15 @@ def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
 
 
 @functools.cache
+def capability(device: torch.device | int | None = None) -> tuple[int, int]:
+    """A CUDA device's compute capability (the current one by default), read once: the kernels'
+    dispatch asks on every call, and torch's query costs microseconds each time."""
+    if isinstance(device, torch.device):
+        device = device.index
+    return torch.cuda.get_device_capability(torch.cuda.current_device() if device is None else device)
+
+
+@functools.cache
 def sm_count(device: torch.device | int | None = None) -> int:
     """Multiprocessors of a CUDA device (the current one by default), which persistent kernels size
     their grids by; 4 in the interpreter, where a grid's size only decides how long a test takes."""

@@ -68,7 +68,7 @@ from . import tuning, tuning_tables
 from ._gemm import compute_dtype, shared_memory_pruner
 from ._gluon import block_descriptor, mma_layout
 from ._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, tma_ok
-from ._runtime import INTERPRET, cdiv, sm_count
+from ._runtime import INTERPRET, capability, cdiv, sm_count
 from .checks import check_choice, check_offset_range, check_same, check_tensor
 from .tuning import ConfigRecord, describe_config, dot_precision
 
@@ -511,12 +511,7 @@ def _tma_usable(dy: Tensor, w: Tensor, n_rows: int) -> bool:
 
 def _gluon_usable(dy: Tensor, w: Tensor, n_rows: int) -> bool:
     """Whether the Gluon kernel can take this call: the TMA kernel's operands on a Hopper GPU."""
-    return (
-        not INTERPRET
-        and dy.is_cuda
-        and torch.cuda.get_device_capability(dy.device)[0] == 9
-        and _tma_usable(dy, w, n_rows)
-    )
+    return not INTERPRET and dy.is_cuda and capability(dy.device)[0] == 9 and _tma_usable(dy, w, n_rows)
 
 
 def _gluon_preferred(dy: Tensor, w: Tensor, n_rows: int) -> bool:
@@ -605,10 +600,7 @@ def fixed_slice_matmul(
             f"n_rows > 0 (got {dy.dtype}, dy strides {dy.stride()}, w strides {w.stride()}, n_rows {n_rows})"
         )
     hopper_tma = (
-        impl == "auto"
-        and not INTERPRET
-        and torch.cuda.get_device_capability(dy.device)[0] >= 9
-        and _tma_usable(dy, w, n_rows)
+        impl == "auto" and not INTERPRET and capability(dy.device)[0] >= 9 and _tma_usable(dy, w, n_rows)
     )
     use_short = impl == "short" or (hopper_tma and _short_preferred(dy, w, n_rows))
     use_tma = impl == "tma" or (hopper_tma and not use_short)

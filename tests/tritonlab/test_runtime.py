@@ -80,6 +80,15 @@ def test_the_torch_warm_up_leaves_the_random_generators_alone():
     assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(torch.cuda.get_rng_state(), cuda)
 
 
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_capability_is_torchs_for_every_way_of_naming_the_device():
+    from tritonlab._runtime import capability
+
+    expected = torch.cuda.get_device_capability()
+    index = torch.cuda.current_device()
+    assert capability() == capability(index) == capability(torch.device("cuda", index)) == expected
+
+
 @pytest.mark.parametrize("a", [0, 1, 2, 15, 16, 17, 100, 1023, 1024, 1025, 2**40 + 3])
 @pytest.mark.parametrize("b", [1, 3, 16, 64, 128])
 def test_cdiv_and_next_power_of_2_match_triton(a, b):

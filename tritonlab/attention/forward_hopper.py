@@ -45,7 +45,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .._gluon import block_descriptor, mma_layout
 from .._launch import LaunchCache, first_launch, launch, tma_ok
-from .._runtime import INTERPRET, cdiv
+from .._runtime import INTERPRET, capability, cdiv
 
 GLUON_HEAD_DIMS = (64, 128)
 ROWS_PER_WARPGROUP = 64
@@ -303,7 +303,7 @@ def unsupported_reason(q: torch.Tensor, *tensors: torch.Tensor) -> str | None:
     k and v; ``fp8_hopper`` reads q alone so). Never in Triton's interpreter."""
     if INTERPRET:
         return "a GPU (Gluon kernels do not run in Triton's interpreter)"
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+    if not q.is_cuda or capability(q.device)[0] != 9:
         return "a Hopper GPU (compute capability 9.x)"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"bf16 or fp16 inputs, got {q.dtype}"

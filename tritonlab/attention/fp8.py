@@ -73,7 +73,7 @@ import triton
 import triton.language as tl
 
 from .._launch import LaunchCache, autotune_for_launch, first_launch, signature_key, use_descriptor_scratch
-from .._runtime import INTERPRET, cdiv, next_power_of_2
+from .._runtime import INTERPRET, capability, cdiv, next_power_of_2
 from ..checks import check_choice
 from ..ops.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
 from ..tuning import ConfigRecord, quiet_compile_failures, refuse_record_under_compile
@@ -563,9 +563,7 @@ def supports_fp8(device: torch.device | int | None = None) -> bool:
     capability ≥ 8.9). False in Triton's interpreter and without a GPU."""
     if INTERPRET or not torch.cuda.is_available():
         return False
-    if isinstance(device, torch.device):
-        device = device.index
-    return torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
+    return capability(device) >= MIN_CAPABILITY
 
 
 @functools.cache
