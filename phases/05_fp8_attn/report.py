@@ -4,6 +4,7 @@ accuracy against bf16 per shape, and its headline verdicts."""
 import pandas as pd
 
 from common.attention_bench import KEYS, attention_verdicts, render_attention, with_speedups
+from common.ncu import render_profile
 from common.report import (
     Figures,
     PhaseReport,
@@ -52,6 +53,10 @@ def with_bf16_speedup(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def render(df: pd.DataFrame, fig: Figures) -> str:
+    return _render_tables(df, fig) + render_profile(PHASE, df["gpu"].iloc[0], "sdpa-cudnn")
+
+
+def _render_tables(df: pd.DataFrame, fig: Figures) -> str:
     text = render_attention(df, fig, title="FP8 attention")
     latest = with_bf16_speedup(with_speedups(select_latest(df, KEYS)))
     ours = [FP8, FP8_TRITON, *OURS_BF16.values(), OURS_BF16_FUSED]

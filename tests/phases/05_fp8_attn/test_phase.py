@@ -7,6 +7,7 @@ import pytest
 from common import ON_GPU
 from common.report import Figures
 from phases.__main__ import phase_module, run_phase, title
+from tritonlab.attention import attention_forward, fp8_attention_forward
 
 
 def gpu_rows(variants_ms: dict, shape="mid", mode="fwd", group="g1") -> pd.DataFrame:
@@ -93,3 +94,25 @@ def test_report_renders_the_bf16_comparison_and_the_headline(tmp_path):
     assert verdicts["large, fwd, bf16 (vs our bf16)"].verdict() == "missed by 5%"  # 186 / 140 = 1.33
     assert verdicts["mid, fwd+bwd, bf16"].ratio == pytest.approx(6.3 / 6.0)
     assert report.REPORT.title == title("05_fp8_attn")
+
+
+def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_our_bf16_and_the_fp8_forward(attention_ncu_calls):
+    calls = attention_ncu_calls("05", backward=False)
+    assert list(calls) == ["sdpa-cudnn", "triton", "triton-fp8"] and calls["triton"] is attention_forward
+    fp8 = calls["triton-fp8"]
+    assert fp8.func is fp8_attention_forward and fp8.keywords == {"force_fp8": True}
+
+
+def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile):
+    report = phase_module("05", "report")
+    df = gpu_rows({"triton-fp8": 1.3, "triton": 2.0, "sdpa-cudnn": 2.2})
+    fig = Figures("05_fp8_attn", tmp_path, "H100")
+    none = "_Not profiled yet: `phases/05_fp8_attn/ncu_pass.py` has the two commands._"
+    assert none in report.REPORT.render(df, fig)
+    gpu = ncu_profile.write("05_fp8_attn", "mid", ["triton", "triton-fp8"])
+    section = report.REPORT.render(df.assign(gpu=gpu), fig).split("## Where the time goes (Nsight Compute)")[
+        1
+    ]
+    assert none not in section and "| _our_kernel " in section and "| cudnn_fprop " in section
+    for name in ["triton", "triton-fp8"]:
+        assert ncu_profile.comparison(name) in section
