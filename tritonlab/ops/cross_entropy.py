@@ -890,15 +890,22 @@ class CrossEntropyFunction(torch.autograd.Function):
         rows = grad.view(-1, grad.shape[-1])
         dloss_flat = dloss.reshape(-1) if ctx.reduction == "none" else dloss.reshape(1)
         stride_dloss = dloss_flat.stride(0) if ctx.reduction == "none" else 0
-        launch(
-            _LAUNCHES,
-            _scale_rows_kernel,
-            (rows.shape[0],),
-            (rows, dloss_flat),
-            (rows.shape[1], rows.stride(0), stride_dloss),
-            dict(BLOCK=_SCALE_BLOCK, num_warps=8),
-        )
+        scale_rows_(rows, dloss_flat, stride_dloss)
         return grad, None, None, None, None, None, None, None
+
+
+def scale_rows_(rows: torch.Tensor, dloss: torch.Tensor, stride_dloss: int) -> None:
+    """``rows[i] *= dloss[i * stride_dloss]`` in place for 2-D ``rows`` with unit column stride
+    (``stride_dloss`` 0: one factor for every row), each row skipped on the GPU where its factor is
+    exactly 1; the backward of this loss and of the fused linear cross-entropy."""
+    launch(
+        _LAUNCHES,
+        _scale_rows_kernel,
+        (rows.shape[0],),
+        (rows, dloss),
+        (rows.shape[1], rows.stride(0), stride_dloss),
+        dict(BLOCK=_SCALE_BLOCK, num_warps=8),
+    )
 
 
 def check_target(target, ignore_index, reduction, rows: torch.Tensor, rows_are: str, lead: str) -> None:

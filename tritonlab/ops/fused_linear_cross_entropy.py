@@ -51,8 +51,6 @@ dtype; the loss is float32 under autocast, as F.cross_entropy's is); class ``wei
 import math
 
 import torch
-import triton
-import triton.language as tl
 
 from .._launch import LaunchCache, first_launch, launch
 from .._runtime import INTERPRET
@@ -65,6 +63,7 @@ from .cross_entropy import (
     _target_stats_kernel,
     check_target,
     fast_tanh,
+    scale_rows_,
     settings_for,
 )
 
@@ -178,35 +177,14 @@ def _chunked_pass(
     return loss_rows, stats, dx, dw, db
 
 
-_SCALE_BLOCK = 4096
-
-
-@triton.jit
-def _scale_unless_one_kernel(t_ptr, g_ptr, n, BLOCK: tl.constexpr):
-    """``t *= g`` over ``n`` contiguous elements, a no-op (one load per program) when ``g == 1``."""
-    g = tl.load(g_ptr).to(tl.float32)
-    if g != 1.0:
-        for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
-            offs = tl.cast(tile, tl.int64) * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < n
-            t = tl.load(t_ptr + offs, mask=mask)
-            tl.store(t_ptr + offs, (t.to(tl.float32) * g).to(t.dtype), mask=mask)
-
-
 @torch.library.custom_op("tritonlab::scale_unless_one_", mutates_args=("t",))
 def _scale_unless_one_(t: torch.Tensor, g: torch.Tensor) -> None:
-    """``t.mul_(g)`` for a contiguous ``t`` and a one-element ``g``, skipped on the GPU when g is 1."""
+    """``t.mul_(g)`` for a one-element ``g``: cross_entropy's row scaling, which skips every row on
+    the GPU when g is 1; torch's multiply where ``t`` is not contiguous."""
     if not t.is_contiguous() or t.numel() == 0:
         t.mul_(g)
         return
-    launch(
-        _LAUNCHES,
-        _scale_unless_one_kernel,
-        (persistent_programs(triton.cdiv(t.numel(), _SCALE_BLOCK), 4, t.device),),
-        (t, g.reshape(1)),
-        (t.numel(),),
-        dict(BLOCK=_SCALE_BLOCK, num_warps=4),
-    )
+    scale_rows_(t.view(-1, t.shape[-1]), g.reshape(1), 0)
 
 
 @_scale_unless_one_.register_fake

@@ -311,7 +311,7 @@ def test_gpu_torch_compile_fullgraph():
 def test_scale_unless_one(n, dtype, g):
     """The backward's in-place scale: t * g rounded once to t's dtype (within one bf16 ulp: the
     interpreter rounds float32 to bf16 toward zero, the GPU to nearest), t unchanged for g = 1, over
-    more tiles than programs (the interpreter runs a handful)."""
+    rows longer than one block."""
     t = torch.randn(n, dtype=torch.float32).to(dtype)
     before = t.clone()
     expected = (t.float() * g).to(dtype)
