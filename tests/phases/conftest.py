@@ -46,6 +46,20 @@ class NcuProfile:
             "`long_scoreboard` (1.20)."
         )
 
+    @classmethod
+    def check_report(cls, report, df, fig, phase: str, ours: list[str]) -> None:
+        """``report`` renders a one-line "not profiled yet" section without rows, and with a profile
+        of cuDNN and ``ours`` (written here) its table and each of ``ours``' comparison sentences."""
+        none = f"_Not profiled yet: `phases/{phase}/ncu_pass.py` has the two commands._"
+        assert none in report.REPORT.render(df, fig)
+        gpu = cls.write(phase, "mid", ours)
+        section = report.REPORT.render(df.assign(gpu=gpu), fig).split(
+            "## Where the time goes (Nsight Compute)"
+        )[1]
+        assert none not in section and "| _our_kernel " in section and "| cudnn_fprop " in section
+        for name in ours:
+            assert cls.comparison(name) in section
+
 
 @pytest.fixture
 def ncu_profile() -> NcuProfile:

@@ -51,12 +51,4 @@ def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profil
          for v, ms in {"triton-2pass": 9.0, "sdpa-cudnn": 8.0}.items()]
     )  # fmt: skip
     fig = Figures("03_attn_bwd", tmp_path, "H100")
-    none = "_Not profiled yet: `phases/03_attn_bwd/ncu_pass.py` has the two commands._"
-    assert none in report.REPORT.render(df, fig)
-    gpu = ncu_profile.write("03_attn_bwd", "mid", ["triton-2pass"])
-    section = report.REPORT.render(df.assign(gpu=gpu), fig).split("## Where the time goes (Nsight Compute)")[
-        1
-    ]
-    assert none not in section and "| _our_kernel " in section and "| cudnn_fprop " in section
-    for name in ["triton-2pass"]:
-        assert ncu_profile.comparison(name) in section
+    ncu_profile.check_report(report, df, fig, "03_attn_bwd", ["triton-2pass"])

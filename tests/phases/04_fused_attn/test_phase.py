@@ -82,12 +82,4 @@ def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profil
          for v, ms in {"triton-fused": 7.0, "triton-2pass": 9.0, "sdpa-cudnn": 8.0}.items()]
     )  # fmt: skip
     fig = Figures("04_fused_attn", tmp_path, "H100")
-    none = "_Not profiled yet: `phases/04_fused_attn/ncu_pass.py` has the two commands._"
-    assert none in report.REPORT.render(df, fig)
-    gpu = ncu_profile.write("04_fused_attn", "mid", ["triton-2pass", "triton-fused"])
-    section = report.REPORT.render(df.assign(gpu=gpu), fig).split("## Where the time goes (Nsight Compute)")[
-        1
-    ]
-    assert none not in section and "| _our_kernel " in section and "| cudnn_fprop " in section
-    for name in ["triton-2pass", "triton-fused"]:
-        assert ncu_profile.comparison(name) in section
+    ncu_profile.check_report(report, df, fig, "04_fused_attn", ["triton-2pass", "triton-fused"])

@@ -107,12 +107,4 @@ def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profil
     report = phase_module("05", "report")
     df = gpu_rows({"triton-fp8": 1.3, "triton": 2.0, "sdpa-cudnn": 2.2})
     fig = Figures("05_fp8_attn", tmp_path, "H100")
-    none = "_Not profiled yet: `phases/05_fp8_attn/ncu_pass.py` has the two commands._"
-    assert none in report.REPORT.render(df, fig)
-    gpu = ncu_profile.write("05_fp8_attn", "mid", ["triton", "triton-fp8"])
-    section = report.REPORT.render(df.assign(gpu=gpu), fig).split("## Where the time goes (Nsight Compute)")[
-        1
-    ]
-    assert none not in section and "| _our_kernel " in section and "| cudnn_fprop " in section
-    for name in ["triton", "triton-fp8"]:
-        assert ncu_profile.comparison(name) in section
+    ncu_profile.check_report(report, df, fig, "05_fp8_attn", ["triton", "triton-fp8"])
