@@ -1,0 +1,118 @@
+"""Where one TransformerNP training step's GPU time goes, per variant: torch.profiler over timed
+steps after warm-up. Prints, per variant, the wall time a step (CUDA events), the GPU's busy time
+(the union of kernel intervals) and its kernel time by family, then the top kernels.
+
+    PYTHONPATH=. python3 reports/data/12_matrix/diagnostics/step_profile.py small compile+sdpa-flash ...
+
+Variants as phase 12 names them (sdpa-<backend>, custom-bf16-<attention>, with a compile+ prefix).
+"""
+
+import re
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tritonlab import attention as attn
+from tritonlab.gmm import gmm_nll
+from tritonlab.grouped_gemm import gmm_heads
+from tritonlab.mlp import fused_mlp
+from tritonlab.models import Components, TNPConfig, build, sample_tasks, sdpa_attention
+from tritonlab.models.shapes import SHAPES
+from tritonlab.models.training import train_step
+
+WARMUP, STEPS = 3, 3
+
+# Kernel families, first match wins (names of cuDNN, cuBLAS, Inductor's and tritonlab's kernels).
+FAMILIES = [
+    ("attention", r"attn|flash|fmha|sdpa|_delta_kernel|dkdv|_dq_kernel|_fused_bwd|dot_do_o|convert_dq"),
+    ("mlp (ours)", r"mlp"),
+    ("heads (ours)", r"grouped|heads"),
+    ("gmm loss (ours)", r"gmm"),
+    ("optimizer", r"adam|multi_tensor"),
+    ("gemm (cuBLAS)", r"gemm|nvjet|cutlass|xmma|sm90_|splitK|ampere"),
+    ("inductor", r"^triton_"),
+    ("elementwise (aten)", r"elementwise|vectorized|reduce_kernel|Fill|copy|CatArray|index"),
+]
+
+
+def family(name: str) -> str:
+    for label, pattern in FAMILIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return label
+    return "other"
+
+
+def components(variant: str) -> Components:
+    base = variant.removeprefix("compile+")
+    if base.startswith("sdpa-"):
+        return Components(attention=sdpa_attention(base.removeprefix("sdpa-")))
+    kind = base.rsplit("-", 1)[-1]
+    fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": sdpa_attention("cudnn")}[kind]
+    return Components(attention=fn, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
+
+
+def busy_us(intervals) -> float:
+    total, end = 0.0, -1.0
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def profile_variant(shape, variant: str) -> None:
+    cfg = TNPConfig()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tasks = sample_tasks(
+        shape.batch, shape.m_context, shape.n_target, x_dim=cfg.x_dim, device="cuda", generator=gen
+    )
+    model, optimizer = build(cfg, components(variant), 0, "cuda")
+    loss_fn = model.loss
+    if variant.startswith("compile+"):
+        torch._dynamo.reset()
+        loss_fn = torch.compile(model.loss, dynamic=False, fullgraph=not variant.endswith(("flash", "cudnn")))
+    for _ in range(WARMUP):
+        train_step(model, loss_fn, optimizer, tasks, torch.bfloat16)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(STEPS):
+            train_step(model, loss_fn, optimizer, tasks, torch.bfloat16)
+        stop.record()
+        torch.cuda.synchronize()
+    wall_ms = start.elapsed_time(stop) / STEPS
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
+    per_family, per_kernel, count = defaultdict(float), defaultdict(float), defaultdict(int)
+    for e in kernels:
+        us = e.time_range.elapsed_us()
+        per_family[family(e.name)] += us
+        per_kernel[e.name] += us
+        count[e.name] += 1
+    kernel_ms = sum(per_family.values()) / 1e3 / STEPS
+    print(
+        f"\n## {variant} at {shape.name}: step {wall_ms:.2f} ms (profiled), GPU busy "
+        f"{busy_us(intervals) / 1e3 / STEPS:.2f} ms, kernels {kernel_ms:.2f} ms in {len(kernels) // STEPS} launches"
+    )
+    for label, us in sorted(per_family.items(), key=lambda kv: -kv[1]):
+        print(f"  {label:20s} {us / 1e3 / STEPS:8.3f} ms")
+    print("  top kernels (ms a step, launches a step):")
+    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:18]:
+        print(f"    {us / 1e3 / STEPS:8.3f} {count[name] // STEPS:4d}  {name[:110]}")
+    del model, optimizer, loss_fn
+    torch.cuda.empty_cache()
+
+
+def main():
+    shape = SHAPES[sys.argv[1]]
+    print(f"# {torch.cuda.get_device_name()}, {shape.label()}, bf16 autocast, {STEPS} steps after {WARMUP}")
+    for variant in sys.argv[2:]:
+        profile_variant(shape, variant)
+
+
+if __name__ == "__main__":
+    main()
