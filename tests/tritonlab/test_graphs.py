@@ -134,36 +134,48 @@ def _tasks():
     return sample_tasks(4, 64, 100, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
 
 
-def _plain(components, steps, tasks):
+def _loss_fn(model, compiled: bool):
+    if not compiled:
+        return model.loss
+    torch._dynamo.reset()
+    return torch.compile(model.loss, dynamic=False, fullgraph=True)
+
+
+def _plain(components, steps, tasks, compiled=False):
     model, optimizer = build(CFG, components(), seed=0, device="cuda")
-    losses = [train_step(model, model.loss, optimizer, tasks, torch.bfloat16) for _ in range(steps)]
+    loss_fn = _loss_fn(model, compiled)
+    losses = [train_step(model, loss_fn, optimizer, tasks, torch.bfloat16) for _ in range(steps)]
     return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
 
 
-def _graphed(components, steps, tasks):
+def _graphed(components, steps, tasks, compiled=False):
     model, _ = build(CFG, components(), seed=0, device="cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=True, capturable=True)
-    graphed = GraphedStep(model, optimizer, model.loss, tasks, warmup=3, autocast_dtype=torch.bfloat16)
+    loss_fn = _loss_fn(model, compiled)
+    graphed = GraphedStep(model, optimizer, loss_fn, tasks, warmup=3, autocast_dtype=torch.bfloat16)
     losses = [graphed.step(*tasks).clone() for _ in range(steps)]
     return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["sdpa-cudnn", "triton"])
+@pytest.mark.parametrize("name", ["sdpa-cudnn", "triton", "compile+triton"])
 def test_the_graphed_step_matches_the_plain_step_over_5_steps(name):
+    """A compiled loss (torch.compile, fullgraph, our kernels as custom ops) is captured too: its
+    replays match the plain compiled step's."""
+    compiled = name.startswith("compile+")
     components = {
         "sdpa-cudnn": lambda: Components(attention=sdpa_attention("cudnn")),
         "triton": _triton_components,
-    }[name]
+    }[name.removeprefix("compile+")]
     tasks = _tasks()
-    ref_losses, ref_params = _plain(components, 5, tasks)
-    again_losses, again_params = _plain(components, 5, tasks)
-    losses, params = _graphed(components, 5, tasks)
+    ref_losses, ref_params = _plain(components, 5, tasks, compiled)
+    again_losses, again_params = _plain(components, 5, tasks, compiled)
+    losses, params = _graphed(components, 5, tasks, compiled)
     start = [p.detach() for p in build(CFG, components(), seed=0, device="cuda")[0].parameters()]
     deterministic = torch.equal(again_losses, ref_losses) and all(
         torch.equal(a, b) for a, b in zip(again_params, ref_params, strict=True)
     )
-    if name == "triton":
+    if name.endswith("triton"):
         assert deterministic, "the Triton components' step should be bitwise reproducible"
     if deterministic:
         assert torch.equal(losses, ref_losses), (losses, ref_losses)
