@@ -17,8 +17,8 @@ from torch.profiler import ProfilerActivity, profile
 from tritonlab import attention as attn
 from tritonlab.gmm import gmm_nll
 from tritonlab.grouped_gemm import gmm_heads
-from tritonlab.mlp import fused_mlp
-from tritonlab.models import Components, TNPConfig, build, sample_tasks, sdpa_attention
+from tritonlab.mlp import fused_mlp, pad_hidden, padded_cublas_mlp
+from tritonlab.models import Components, TNPConfig, build, gmm_heads_loop, sample_tasks, sdpa_attention
 from tritonlab.models.shapes import SHAPES
 from tritonlab.models.training import train_step
 
@@ -44,13 +44,22 @@ def family(name: str) -> str:
     return "other"
 
 
+def padded_heads(z, w1, w2):
+    """The compiled baseline's head loop on weights with d_head_hidden padded to a multiple of 16."""
+    return gmm_heads_loop(z, *pad_hidden(w1, w2))
+
+
 def components(variant: str) -> Components:
-    base = variant.removeprefix("compile+")
+    """Phase 12's variants; a custom one may end in ``:padmlp`` (the MLP as cuBLAS GEMMs on padded
+    weights, phase 06's padded-cublas) and ``:padheads`` (the head loop on padded weights)."""
+    base, *options = variant.removeprefix("compile+").split(":")
     if base.startswith("sdpa-"):
         return Components(attention=sdpa_attention(base.removeprefix("sdpa-")))
     kind = base.rsplit("-", 1)[-1]
     fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": sdpa_attention("cudnn")}[kind]
-    return Components(attention=fn, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
+    mlp = padded_cublas_mlp if "padmlp" in options else fused_mlp
+    heads = padded_heads if "padheads" in options else gmm_heads
+    return Components(attention=fn, mlp=mlp, heads=heads, loss=gmm_nll)
 
 
 def busy_us(intervals) -> float:
@@ -73,7 +82,7 @@ def profile_variant(shape, variant: str) -> None:
     loss_fn = model.loss
     if variant.startswith("compile+"):
         torch._dynamo.reset()
-        loss_fn = torch.compile(model.loss, dynamic=False, fullgraph=not variant.endswith(("flash", "cudnn")))
+        loss_fn = torch.compile(model.loss, dynamic=False, fullgraph="custom" in variant)
     for _ in range(WARMUP):
         train_step(model, loss_fn, optimizer, tasks, torch.bfloat16)
     torch.cuda.synchronize()
