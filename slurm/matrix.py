@@ -46,8 +46,9 @@ BASELINE_PHASE = "01_baseline"  # the SDPA-only training step, by backend and mo
 # Phase 12's variants on a GPU (sdpa-math, far slower, only on request), as `--variants` names them.
 VARIANTS_12 = (
     "sdpa-cudnn", "sdpa-flash", "compile+sdpa-cudnn", "compile+sdpa-flash", "custom-bf16-separate",
-    "custom-bf16-fused", "custom-bf16-mixed", "custom-fp8-fused", "compile+custom-bf16-separate",
-    "compile+custom-bf16-fused", "compile+custom-bf16-mixed", "compile+custom-fp8-fused",
+    "custom-bf16-fused", "custom-bf16-mixed", "custom-bf16-padded", "custom-fp8-fused",
+    "compile+custom-bf16-separate", "compile+custom-bf16-fused", "compile+custom-bf16-mixed",
+    "compile+custom-bf16-padded", "compile+custom-fp8-fused",
 )  # fmt: skip
 PRESETS = {
     "gpu": {

@@ -39,10 +39,12 @@ CUSTOM = [
     "custom-bf16-separate",
     "custom-bf16-fused",
     "custom-bf16-mixed",
+    "custom-bf16-padded",
     "custom-fp8-fused",
     "compile+custom-bf16-separate",
     "compile+custom-bf16-fused",
     "compile+custom-bf16-mixed",
+    "compile+custom-bf16-padded",
     "compile+custom-fp8-fused",
 ]
 # sdpa-math: the CPU's reference and baseline (cuDNN and flash SDPA need a CUDA GPU).
@@ -76,7 +78,7 @@ def _triton_components(attention: str) -> Components:
     from tritonlab import attention as attn
     from tritonlab.gmm import gmm_nll
     from tritonlab.grouped_gemm import gmm_heads
-    from tritonlab.mlp import fused_mlp
+    from tritonlab.mlp import fused_mlp, padded_cublas_mlp
 
     # mixed: SDPA's attention (cuDNN; the CPU's math) with our MLP, heads and loss -- at small the
     # attention is a few percent of the step, and the rest is where our kernels beat compile's.
@@ -84,8 +86,13 @@ def _triton_components(attention: str) -> Components:
     # fp8: phase 05's FP8 forward with a bf16 backward (the fused one on Hopper); force_fp8, so a GPU without FP8
     # is an error row rather than a bf16 run under this name (skip_reason keeps such cells out).
     fp8 = functools.partial(attn.fp8_attention, force_fp8=True)
-    fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": mixed, "fp8": fp8}[attention]
-    return Components(attention=fn, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
+    # padded: the fused attention, heads and loss, with the MLP as two cuBLAS GEMMs on weights whose
+    # d_ff is padded to 1376 (phase 06's padded-cublas): in the compiled step at small the GPU's work
+    # falls from 23.5 to 21.0 ms against the fused MLP kernel (diagnostics/step_profile_small_padded_*).
+    fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": mixed, "fp8": fp8,
+          "padded": attn.fused_attention}[attention]  # fmt: skip
+    mlp = padded_cublas_mlp if attention == "padded" else fused_mlp
+    return Components(attention=fn, mlp=mlp, heads=gmm_heads, loss=gmm_nll)
 
 
 def components(variant: str) -> Components:
