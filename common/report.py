@@ -62,7 +62,7 @@ def load_phase(phase: str, subdir: str = "") -> pd.DataFrame:
         ]
     }
     frames = [
-        pd.read_csv(p, dtype=text, keep_default_na=False, na_values=[""])
+        pd.read_csv(p, dtype=text, keep_default_na=False, na_values=["", "nan"])
         for p in sorted((data_dir() / phase / subdir).glob("*.csv"))
     ]
     frames = [f for f in frames if not f.empty]

@@ -40,6 +40,15 @@ def test_load_keeps_provenance_as_text(demo_phase):
     assert demo_phase["git_commit"].tolist()[2] == "1e5"  # not the number 100000
 
 
+def test_a_nan_cell_loads_as_missing_and_keeps_the_column_numeric():
+    path = data_dir() / "demo"
+    path.mkdir(parents=True)
+    (path / "run.csv").write_text(FIXTURE.replace(",10.0,", ",nan,"))
+    df = load_phase("demo")
+    assert pd.api.types.is_float_dtype(df["ms"]) and df["ms"].isna().sum() == 2  # the oom row's too
+    assert format_number(df["ms"].iloc[1]) == "5"
+
+
 def test_latest_run_per_gpu(demo_phase):
     latest = select_latest(demo_phase, ["variant", "shape", "dtype"])
     h100 = latest.loc[latest["gpu"] == "H100"]
