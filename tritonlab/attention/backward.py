@@ -412,7 +412,7 @@ def _uses_gluon(q, k, v, do) -> bool:
     """Whether the dK/dV pass runs ``backward_hopper``'s Gluon kernel: where the Gluon forward runs by
     default, at a D it has a config for, with a dO a TMA descriptor can address. The dQ pass stays
     the Triton kernel (a Gluon one measured 2.22 against 2.05 ms at mid)."""
-    return q.shape[-1] in backward_hopper.CONFIGS and _forward_uses_gluon(q, k, v, "auto") and tma_ok(do)
+    return q.shape[-1] in backward_hopper.CONFIGS and tma_ok(do) and _forward_uses_gluon(q, k, v, "auto")
 
 
 def _two_pass_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | None = None):

@@ -263,8 +263,8 @@ def _forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _uses_gluon(q, k, v, impl: str) -> bool:
     """Whether the call runs the Gluon kernel: asked for (an error where it cannot run), or "auto"
     where it can and Lk reaches GLUON_FROM_LK."""
-    if impl not in ("auto", "gluon") or (impl == "auto" and k.shape[2] < GLUON_FROM_LK):
-        return False  # before the reason: its stride checks cost host time a short call shows
+    if impl not in ("auto", "gluon"):
+        return False
     reason = forward_hopper.unsupported_reason(q, k, v)
     if impl == "gluon" and reason is not None:
         raise ValueError(f"impl: 'gluon' needs {reason}")
