@@ -1,6 +1,9 @@
-"""One training step of a model, measured: median step time, per-stage times, tokens/s, peak memory."""
+"""One training step of a model, measured: median step time, per-stage times, tokens/s, peak memory,
+and the GPU's time by kernel family (``profile_gpu_time``)."""
 
 import argparse
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar, Self
 
@@ -199,3 +202,68 @@ def variant_label(variant: str, checkpoint: str, graphs: bool) -> str:
     """A TransformerNP step variant's row name: ``variant``, then ``+ckpt-<mode>`` and ``+graphs``
     where those toggles are on (phase 12's rows; the Slurm matrix owes one per cell)."""
     return variant + ("" if checkpoint == "none" else f"+ckpt-{checkpoint}") + ("+graphs" if graphs else "")
+
+
+# --- the GPU's time by kernel family -----------------------------------------------------------------
+
+# (row column suffix, pattern), first match wins: the names of tritonlab's, cuDNN's, cuBLAS's,
+# Inductor's and ATen's kernels in a TransformerNP step.
+KERNEL_FAMILIES = (
+    ("inductor", r"^triton_"),  # first: its names carry the ops they fuse (silu_backward, ...)
+    ("attention", r"attn|flash|fmha|sdpa|_delta_kernel|dkdv|_dq_kernel|_fused_bwd|dot_do_o|convert_dq"),
+    ("mlp", r"^_fused_mlp_staged_kernel|^_silu_backward_kernel"),
+    # tritonlab._gemm's kernels: the grouped heads run them (the model's fused MLP does not).
+    ("heads", r"^fused_mlp_fwd_kernel|^mlp_hidden_kernel"),
+    ("loss", r"^_gmm_nll"),
+    ("optimizer", r"adam|multi_tensor"),
+    ("gemm", r"gemm|nvjet|cutlass|xmma|sm90_|splitK"),
+    ("memcpy", r"^Memcpy|^Memset"),
+    ("elementwise", r"at::native|elementwise|reduce_kernel"),
+)
+
+
+def kernel_family(name: str) -> str:
+    """The family of a kernel name (``KERNEL_FAMILIES``), "other" if none matches."""
+    for family, pattern in KERNEL_FAMILIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return family
+    return "other"
+
+
+def summarize_kernels(kernels: list[tuple[str, float, float]], steps: int) -> dict:
+    """Per step, from (name, start_us, end_us) kernel intervals: ``gpu_busy_ms`` (the union of the
+    intervals: the time the GPU ran anything), ``gpu_kernel_ms`` (their sum), ``gpu_launches`` and
+    ``gpu_<family>_ms`` for every family of ``KERNEL_FAMILIES`` and "other"."""
+    per_family = dict.fromkeys([f for f, _ in KERNEL_FAMILIES] + ["other"], 0.0)
+    busy, reach = 0.0, float("-inf")
+    for name, start, end in sorted(kernels, key=lambda k: k[1]):
+        per_family[kernel_family(name)] += end - start
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    row = {
+        "gpu_busy_ms": busy / 1e3 / steps,
+        "gpu_kernel_ms": sum(per_family.values()) / 1e3 / steps,
+        "gpu_launches": len(kernels) / steps,
+    }
+    return row | {f"gpu_{family}_ms": us / 1e3 / steps for family, us in per_family.items()}
+
+
+def profile_gpu_time(step: Callable[[], object], steps: int) -> dict:
+    """``summarize_kernels`` of ``steps`` calls of ``step`` under ``torch.profiler`` (CUDA only; {}
+    without CUDA or with no steps). Kernels replayed from a CUDA graph count like launched ones."""
+    if steps <= 0 or not torch.cuda.is_available():
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = [
+        (e.name, e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
+    return summarize_kernels(kernels, steps)

@@ -9,7 +9,9 @@ Per shape, checkpoint mode, graph toggle and variant: the loss and every paramet
 seed's weights on one batch are checked against the sdpa-cudnn model (sdpa-math on the CPU) first,
 then ``--loss-steps`` training steps record the loss curve, then ``--steps`` timed steps give the step
 time (median, p20/p80), forward/backward/optimizer times, tokens/s, peak memory and the speedups
-against sdpa-cudnn and the best baseline of the same run. Without a GPU it runs the tiny shape in
+against sdpa-cudnn and the best baseline of the same run, then ``--profile-steps`` steps under
+torch.profiler give the GPU's busy time and kernel time by family (attention, MLP, heads, loss,
+cuBLAS, Inductor, ...). Without a GPU it runs the tiny shape in
 Triton's interpreter (fp32), sdpa-math and the eager custom variants; the rest are "skipped" rows
 naming why.
 """
@@ -68,7 +70,14 @@ def parse_args(argv=None):
         (200, 3),
         Setup.at_large["loss_steps"],
     )
-    args = parse_step_args(parser, argv, {"steps": 1, "warmup": 1, "loss_steps": 0})
+    count_argument(
+        parser,
+        "profile_steps",
+        "steps after the timed ones under torch.profiler, for the GPU's time by kernel family (GPU only)",
+        (3, 0),
+        Setup.at_large["profile_steps"],
+    )
+    args = parse_step_args(parser, argv, {"steps": 1, "warmup": 1, "loss_steps": 0, "profile_steps": 0})
     if not ON_GPU and args.dtype == "bf16":
         parser.error("--dtype bf16: the interpreter's bf16 dots are wrong on the CPU; use fp32")
     default = [v for v in VARIANTS if v != "sdpa-math"] if ON_GPU else VARIANTS
@@ -82,8 +91,9 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     setup = Setup(
-        model_config(), args.dtype, steps=args.steps, warmup=args.warmup, loss_steps=args.loss_steps
-    )
+        model_config(), args.dtype, steps=args.steps, warmup=args.warmup, loss_steps=args.loss_steps,
+        profile_steps=args.profile_steps,
+    )  # fmt: skip
     with phase_run(PHASE, REPORT, no_report=args.no_report) as writer:
         cells = [
             cell

@@ -12,6 +12,8 @@ Per shape, checkpoint mode and graph toggle, each variant's cell runs in this or
    of forward, backward and the optimizer, as ``common.step.measure_training_step`` times them), peak
    memory, tokens/s = B·(M+N) / step time. A graphed cell replays the step from one CUDA graph
    (``tritonlab.graphs.GraphedStep``): its stages are not separable, only the step is timed.
+4. **GPU time by component** (on a GPU): ``profile_steps`` more steps under ``torch.profiler``; the
+   GPU's busy time a step and its kernel time by family (``common.step.profile_gpu_time``).
 
 Speedups are against ``sdpa-cudnn`` (eager) and the best baseline measured earlier in the same run
 at the same shape, checkpoint mode and graph toggle (baselines run first).
@@ -26,7 +28,7 @@ from typing import ClassVar
 import torch
 
 from common import ON_GPU, Cell, measure_peak_memory
-from common.step import AT_LARGE, StepSetup, shape_columns, variant_label
+from common.step import AT_LARGE, StepSetup, profile_gpu_time, shape_columns, variant_label
 from common.timing import StageTimer
 from tritonlab.models import Components, TNPConfig, TNPShape, build, check_dtype, sample_tasks, sdpa_attention
 from tritonlab.models.training import train_step
@@ -146,7 +148,8 @@ class Setup(StepSetup):
     """``StepSetup`` with the loss curve's training steps (10 at most at large)."""
 
     loss_steps: int = 200
-    at_large: ClassVar[dict[str, int]] = {**AT_LARGE, "loss_steps": 10}
+    profile_steps: int = 3
+    at_large: ClassVar[dict[str, int]] = {**AT_LARGE, "loss_steps": 10, "profile_steps": 1}
 
 
 def _device() -> str:
@@ -260,6 +263,9 @@ def timed_eager(setup: Setup, shape: TNPShape, variant: str, checkpoint: str) ->
         for _ in range(setup.steps):
             train_step(model, loss_fn, optimizer, tasks, dtype, timer)
         stages = timer.summary()
+        gpu = profile_gpu_time(
+            lambda: train_step(model, loss_fn, optimizer, tasks, dtype), setup.profile_steps
+        )
     step = stages["step"]
     return {
         "step_ms": step.ms,
@@ -269,6 +275,7 @@ def timed_eager(setup: Setup, shape: TNPShape, variant: str, checkpoint: str) ->
         "backward_ms": stages["backward"].ms,
         "optimizer_ms": stages["optimizer"].ms,
         "peak_mem_gb": mem.peak_gb,
+        **gpu,
     }
 
 
@@ -307,6 +314,7 @@ def timed_graphed(setup: Setup, shape: TNPShape, variant: str, checkpoint: str, 
             with timer.stage("step"):
                 graphed.step(*tasks)
         step = timer.summary()["step"]
+        gpu = profile_gpu_time(lambda: graphed.step(*tasks), setup.profile_steps)
     nan = float("nan")
     return {
         "step_ms": step.ms,
@@ -316,6 +324,7 @@ def timed_graphed(setup: Setup, shape: TNPShape, variant: str, checkpoint: str, 
         "backward_ms": nan,
         "optimizer_ms": nan,
         "peak_mem_gb": mem.peak_gb,
+        **gpu,
     }
 
 

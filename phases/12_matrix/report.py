@@ -240,6 +240,32 @@ def _checkpoint_table(df: pd.DataFrame) -> str:
 
 
 # Opens as 09's and 10's renders do (a three-line guard, then the heading); the rest is this phase's own.
+def _gpu_table(df: pd.DataFrame) -> str:
+    """The GPU's time a step by kernel family, for the rows that were profiled (``--profile-steps``)."""
+    if "gpu_busy_ms" not in df:
+        return ""
+    rows = df.loc[(df["status"] == "ok") & pd.to_numeric(df["gpu_busy_ms"], errors="coerce").notna()].copy()
+    if rows.empty:
+        return ""
+    step = pd.to_numeric(rows["step_ms"], errors="coerce")
+    rows["gpu_idle_pct"] = 100 * (1 - pd.to_numeric(rows["gpu_busy_ms"], errors="coerce") / step)
+    families = [
+        c for c in rows.columns
+        if c.startswith("gpu_") and c.endswith("_ms") and c not in ("gpu_busy_ms", "gpu_kernel_ms")
+        and pd.to_numeric(rows[c], errors="coerce").fillna(0).gt(0).any()
+    ]  # fmt: skip
+    columns = ["shape", "variant", "step_ms", "gpu_busy_ms", "gpu_idle_pct", "gpu_launches", *families]
+    return (
+        "\n### The GPU's time a step, by kernel family\n\n"
+        "From `torch.profiler` over a few steps after the timed ones (`--profile-steps`): `gpu_busy_ms` is "
+        "the time the GPU ran any kernel, `gpu_idle_pct` the share of the step it waited (on the host, "
+        "where the step is launch-bound), then each family's kernel time (`common.step.KERNEL_FAMILIES`: "
+        "`attention` our kernels or cuDNN's/flash's, `mlp`, `heads` and `loss` ours, `gemm` cuBLAS, "
+        "`inductor` torch.compile's generated kernels).\n\n"
+        + markdown_table(rows.sort_values(["order", "step_ms"]), [c for c in columns if c in rows])
+    )
+
+
 def render(df: pd.DataFrame, fig: Figures) -> str:
     curves = _newest_per_variant(df) if "base_variant" in df else df
     checkpointed = _checkpoint_table(df)
@@ -253,7 +279,7 @@ def render(df: pd.DataFrame, fig: Figures) -> str:
         "`sdpa-cudnn` (tokens/s, side by side in one run). Every variant's loss and gradients matched the "
         "reference model within the README's tolerance before it was timed; a mismatch is an error row.\n\n"
         "## Tokens/s per variant and shape\n\n" + _tokens_figure(df, fig)
-        + "\n## Where the time goes\n\n" + _stages_figure(df, fig)
+        + "\n## Where the time goes\n\n" + _stages_figure(df, fig) + _gpu_table(df)
         + "\n## Loss curves\n\nEach variant's newest curve (same seed and data in every run; its run may "
         "differ from the one timed above).\n\n" + (_loss_figure(curves, fig) or "_no loss curve recorded_\n")
         + checkpointed

@@ -150,6 +150,39 @@ def test_a_run_without_a_goal_baseline_has_no_verdict(tmp_path):
     assert "1.36×" in text and "no verdict: compile+sdpa-cudnn not run" in text and "met" not in text
 
 
+def test_graphed_cells_of_every_baseline_give_a_verdict_and_the_gpu_table(tmp_path):
+    """A run whose cells are all graphed has every goal baseline (as its graphed cell); profiled rows
+    add the GPU's time by kernel family."""
+    report = phase_module("12", "report")
+    rows = _gpu_rows()
+    rows = rows.loc[(rows["shape"] == "small") & (rows["status"] == "ok")].copy()
+    rows["graphs"] = True
+    rows["variant"] = rows["base_variant"] + "+graphs"
+    rows["gpu_busy_ms"] = rows["step_ms"] * 0.9
+    rows["gpu_attention_ms"] = 2.5
+    rows["gpu_gemm_ms"] = 9.0
+    rows["gpu_mlp_ms"] = 0.0  # a family no row ran stays out of the table
+    small = report.headline(rows)[0]
+    assert small.baseline == "compile+sdpa-cudnn+graphs" and small.ratio == pytest.approx(27.6 / 20.0)
+    text = report.render(rows, Figures("12_matrix", tmp_path, GPU))
+    gpu = text.split("by kernel family")[1].split("## Loss curves")[0]
+    assert "gpu_attention_ms" in gpu and "gpu_gemm_ms" in gpu and "gpu_mlp_ms" not in gpu
+    line = next(row for row in gpu.splitlines() if "| custom-bf16-fused+graphs " in row)
+    assert "| 18 " in line and "| 10 " in line, line  # busy 0.9 × 20 ms; idle 10%
+
+
+def test_the_padded_variant_keeps_our_attention_heads_and_loss_and_pads_the_mlp():
+    from tritonlab.attention import fused_attention
+    from tritonlab.grouped_gemm import gmm_heads
+    from tritonlab.mlp import padded_cublas_mlp
+
+    bench = phase_module("12", "bench")
+    padded = bench.components("compile+custom-bf16-padded")
+    assert padded.attention is fused_attention and padded.mlp is padded_cublas_mlp
+    assert padded.heads.func is gmm_heads and padded.heads.keywords == {"save_preactivation": True}
+    assert padded.loss is bench.components("custom-bf16-fused").loss
+
+
 def test_a_run_of_a_few_variants_does_not_hide_the_complete_run(tmp_path, monkeypatch):
     # A later loss check timed the FP8 variant beside eager cuDNN only: the headline stays with the
     # complete run (its compiled baseline beat eager cuDNN), the loss curves show the newest of each.

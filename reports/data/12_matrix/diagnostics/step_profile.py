@@ -7,13 +7,13 @@ steps after warm-up. Prints, per variant, the wall time a step (CUDA events), th
 Variants as phase 12 names them (sdpa-<backend>, custom-bf16-<attention>, with a compile+ prefix).
 """
 
-import re
 import sys
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from common.step import summarize_kernels
 from tritonlab import attention as attn
 from tritonlab.gmm import gmm_nll
 from tritonlab.grouped_gemm import gmm_heads
@@ -23,25 +23,6 @@ from tritonlab.models.shapes import SHAPES
 from tritonlab.models.training import train_step
 
 WARMUP, STEPS = 3, 3
-
-# Kernel families, first match wins (names of cuDNN, cuBLAS, Inductor's and tritonlab's kernels).
-FAMILIES = [
-    ("attention", r"attn|flash|fmha|sdpa|_delta_kernel|dkdv|_dq_kernel|_fused_bwd|dot_do_o|convert_dq"),
-    ("mlp (ours)", r"mlp"),
-    ("heads (ours)", r"grouped|heads"),
-    ("gmm loss (ours)", r"gmm"),
-    ("optimizer", r"adam|multi_tensor"),
-    ("gemm (cuBLAS)", r"gemm|nvjet|cutlass|xmma|sm90_|splitK|ampere"),
-    ("inductor", r"^triton_"),
-    ("elementwise (aten)", r"elementwise|vectorized|reduce_kernel|Fill|copy|CatArray|index"),
-]
-
-
-def family(name: str) -> str:
-    for label, pattern in FAMILIES:
-        if re.search(pattern, name, re.IGNORECASE):
-            return label
-    return "other"
 
 
 def padded_heads(z, w1, w2):
@@ -60,16 +41,6 @@ def components(variant: str) -> Components:
     mlp = padded_cublas_mlp if "padmlp" in options else fused_mlp
     heads = padded_heads if "padheads" in options else gmm_heads
     return Components(attention=fn, mlp=mlp, heads=heads, loss=gmm_nll)
-
-
-def busy_us(intervals) -> float:
-    total, end = 0.0, -1.0
-    for start, stop in sorted(intervals):
-        if stop <= end:
-            continue
-        total += stop - max(start, end)
-        end = stop
-    return total
 
 
 def profile_variant(shape, variant: str) -> None:
@@ -94,21 +65,25 @@ def profile_variant(shape, variant: str) -> None:
         stop.record()
         torch.cuda.synchronize()
     wall_ms = start.elapsed_time(stop) / STEPS
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
-    per_family, per_kernel, count = defaultdict(float), defaultdict(float), defaultdict(int)
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
+    gpu = summarize_kernels([(e.name, e.time_range.start, e.time_range.end) for e in kernels], STEPS)
+    per_kernel, count = defaultdict(float), defaultdict(int)
     for e in kernels:
-        us = e.time_range.elapsed_us()
-        per_family[family(e.name)] += us
-        per_kernel[e.name] += us
+        per_kernel[e.name] += e.time_range.elapsed_us()
         count[e.name] += 1
-    kernel_ms = sum(per_family.values()) / 1e3 / STEPS
     print(
-        f"\n## {variant} at {shape.name}: step {wall_ms:.2f} ms (profiled), GPU busy "
-        f"{busy_us(intervals) / 1e3 / STEPS:.2f} ms, kernels {kernel_ms:.2f} ms in {len(kernels) // STEPS} launches"
+        f"\n## {variant} at {shape.name}: step {wall_ms:.2f} ms (profiled), GPU busy {gpu['gpu_busy_ms']:.2f} ms, "
+        f"kernels {gpu['gpu_kernel_ms']:.2f} ms in {gpu['gpu_launches']:.0f} launches"
     )
-    for label, us in sorted(per_family.items(), key=lambda kv: -kv[1]):
-        print(f"  {label:20s} {us / 1e3 / STEPS:8.3f} ms")
+    families = {
+        k[4:-3]: v for k, v in gpu.items() if k.endswith("_ms") and k not in ("gpu_busy_ms", "gpu_kernel_ms")
+    }
+    for label, ms in sorted(families.items(), key=lambda kv: -kv[1]):
+        print(f"  {label:12s} {ms:8.3f} ms")
     print("  top kernels (ms a step, launches a step):")
     for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:18]:
         print(f"    {us / 1e3 / STEPS:8.3f} {count[name] // STEPS:4d}  {name[:110]}")
