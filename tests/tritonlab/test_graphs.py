@@ -1,6 +1,6 @@
 """tritonlab.graphs: the argument checks and the capture error's diagnosis on any machine; on a GPU, the
-graphed TransformerNP step matches the plain one over 5 steps (SDPA and our Triton components) and a
-component that synchronises with the host gives a clear error."""
+graphed TransformerNP step matches the plain one over 5 steps (SDPA and our Triton components, eager
+and under torch.compile) and a component that synchronises with the host gives a clear error."""
 
 import pytest
 import torch
