@@ -25,7 +25,7 @@ from tritonlab.models import (
 from .cli import parse_phase_args, phase_parser, require_at_least
 from .device import DEVICE, ON_GPU
 from .memory import measure_peak_memory
-from .timing import StageTimer
+from .timing import StageTimer, cuda_kernel_events
 
 # The large shape takes seconds a step: its cells run at most this many timed and warm-up steps.
 AT_LARGE = {"steps": 3, "warmup": 1}
@@ -261,9 +261,5 @@ def profile_gpu_time(step: Callable[[], object], steps: int) -> dict:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    kernels = [
-        (e.name, e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
-    ]
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in cuda_kernel_events(prof.events())]
     return summarize_kernels(kernels, steps)

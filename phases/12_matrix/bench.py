@@ -88,8 +88,6 @@ def _triton_components(attention: str) -> Components:
     # fp8: phase 05's FP8 forward with a bf16 backward (the fused one on Hopper); force_fp8, so a GPU without FP8
     # is an error row rather than a bf16 run under this name (skip_reason keeps such cells out).
     fp8 = functools.partial(attn.fp8_attention, force_fp8=True)
-    fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": mixed, "fp8": fp8,
-          "padded": attn.fused_attention}[attention]  # fmt: skip
     if attention == "padded":
         # The fused attention and our loss; the MLP as two cuBLAS GEMMs on weights whose d_ff is padded
         # to 1376 (phase 06's padded-cublas: in the compiled step at small the GPU's work falls from
@@ -97,7 +95,8 @@ def _triton_components(attention: str) -> Components:
         # the heads keeping their pre-activation (phase 07's grouped-save: 4.05 against 4.84 ms at
         # small, for 880 MB).
         heads = functools.partial(gmm_heads, save_preactivation=True)
-        return Components(attention=fn, mlp=padded_cublas_mlp, heads=heads, loss=gmm_nll)
+        return Components(attention=attn.fused_attention, mlp=padded_cublas_mlp, heads=heads, loss=gmm_nll)
+    fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": mixed, "fp8": fp8}[attention]
     return Components(attention=fn, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
 
 

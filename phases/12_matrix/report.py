@@ -239,16 +239,15 @@ def _checkpoint_table(df: pd.DataFrame) -> str:
     )
 
 
-# Opens as 09's and 10's renders do (a three-line guard, then the heading); the rest is this phase's own.
 def _gpu_table(df: pd.DataFrame) -> str:
     """The GPU's time a step by kernel family, for the rows that were profiled (``--profile-steps``)."""
     if "gpu_busy_ms" not in df:
         return ""
-    rows = df.loc[(df["status"] == "ok") & pd.to_numeric(df["gpu_busy_ms"], errors="coerce").notna()].copy()
+    busy = pd.to_numeric(df["gpu_busy_ms"], errors="coerce")
+    rows = df.loc[(df["status"] == "ok") & busy.notna()].copy()
     if rows.empty:
         return ""
-    step = pd.to_numeric(rows["step_ms"], errors="coerce")
-    rows["gpu_idle_pct"] = 100 * (1 - pd.to_numeric(rows["gpu_busy_ms"], errors="coerce") / step)
+    rows["gpu_idle_pct"] = 100 * (1 - busy / pd.to_numeric(rows["step_ms"], errors="coerce"))
     families = [
         c for c in rows.columns
         if c.startswith("gpu_") and c.endswith("_ms") and c not in ("gpu_busy_ms", "gpu_kernel_ms")
@@ -266,6 +265,7 @@ def _gpu_table(df: pd.DataFrame) -> str:
     )
 
 
+# Opens as 09's and 10's renders do (a three-line guard, then the heading); the rest is this phase's own.
 def render(df: pd.DataFrame, fig: Figures) -> str:
     curves = _newest_per_variant(df) if "base_variant" in df else df
     checkpointed = _checkpoint_table(df)

@@ -14,6 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from common.step import summarize_kernels
+from common.timing import cuda_kernel_events
 from tritonlab import attention as attn
 from tritonlab.gmm import gmm_nll
 from tritonlab.grouped_gemm import gmm_heads
@@ -65,11 +66,7 @@ def profile_variant(shape, variant: str) -> None:
         stop.record()
         torch.cuda.synchronize()
     wall_ms = start.elapsed_time(stop) / STEPS
-    kernels = [
-        e
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
-    ]
+    kernels = cuda_kernel_events(prof.events())
     gpu = summarize_kernels([(e.name, e.time_range.start, e.time_range.end) for e in kernels], STEPS)
     per_kernel, count = defaultdict(float), defaultdict(int)
     for e in kernels:
