@@ -5,8 +5,11 @@ launch overhead is not mistaken for kernel time; on the CPU, ``time.perf_counter
 """
 
 import contextlib
+import cProfile
 import functools
+import io
 import os
+import pstats
 import statistics
 import time
 from collections import defaultdict
@@ -124,6 +127,29 @@ def cuda_kernel_events(events) -> list:
         for e in events
         if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
     ]
+
+
+def cprofile_calls(call: Callable[[], object], calls: int) -> pstats.Stats:
+    """``calls`` calls of ``call`` under cProfile, the GPU (if any) drained before and after: where a
+    small call's host time goes (the diagnostics' view beside ``host_and_device_ms``)."""
+    drain = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    drain()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    drain()
+    return pstats.Stats(profiler)
+
+
+def top_functions(stats: pstats.Stats, order: str, limit: int) -> str:
+    """pstats' table of the ``limit`` functions first by ``order`` ("tottime", "cumulative"), without
+    its blank lines."""
+    out = io.StringIO()
+    stats.stream = out
+    stats.sort_stats(order).print_stats(limit)
+    return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
 
 
 def host_and_device_ms(fn: Callable, calls: int = 20) -> tuple[float, float]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common import StageTimer, bench
-from common.timing import bench_interleaved, summarize
+from common.timing import bench_interleaved, cprofile_calls, summarize, top_functions
 
 
 def test_summarize_orders_quantiles():
@@ -143,3 +143,19 @@ def test_triton_compiles_times_the_c_launchers_it_builds(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["built"] == 1 and got["seconds"] > 0 and got["restored"]
+
+
+def _host_work():
+    return sum(i * i for i in range(200))
+
+
+def test_cprofile_calls_counts_every_call_and_top_functions_drops_blank_lines():
+    stats = cprofile_calls(_host_work, 7)
+    counts = {func[2]: calls for func, (calls, *_rest) in stats.stats.items()}
+    assert counts["_host_work"] == 7
+    table = top_functions(stats, "tottime", 5)
+    assert (
+        "_host_work" in table
+        and "ncalls" in table
+        and "" not in [line.strip() for line in table.splitlines()]
+    )

@@ -6,15 +6,12 @@ own time. Inputs and call exactly as phase 04's benchmark makes them.
     PYTHONPATH=. python3 reports/data/04_fused_attn/diagnostics/small_host.py
 """
 
-import cProfile
-import io
-import pstats
 from functools import partial
 
 import torch
 
 from common.attention_bench import make_inputs, run_case, sdpa_variants, tnp_case
-from common.timing import host_and_device_ms
+from common.timing import cprofile_calls, host_and_device_ms, top_functions
 from tritonlab.attention import attention, fused_attention
 
 
@@ -38,16 +35,7 @@ def main() -> None:
         )
         if name == "sdpa-cudnn":
             continue
-        torch.cuda.synchronize()
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(300):
-            call()
-        profiler.disable()
-        torch.cuda.synchronize()
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
-        print("\n".join(line for line in out.getvalue().splitlines() if line.strip()), flush=True)
+        print(top_functions(cprofile_calls(call, 300), "tottime", 25), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,13 @@ over 5 more, by internal and by cumulative time.
 """
 
 import cProfile
-import io
 import pstats
 import sys
 import time
 
 import torch
 
+from common.timing import top_functions
 from tritonlab import attention as attn
 from tritonlab.gmm import gmm_nll
 from tritonlab.grouped_gemm import gmm_heads
@@ -55,9 +55,7 @@ def main():
     profiler.disable()
     print(f"under cProfile {wall:.2f} ms a step (5 steps)")
     for order in ("tottime", "cumulative"):
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(40)
-        print(out.getvalue())
+        print(top_functions(pstats.Stats(profiler), order, 40) + "\n")
 
 
 if __name__ == "__main__":

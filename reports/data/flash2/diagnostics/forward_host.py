@@ -7,13 +7,9 @@ time. The forward with grad enabled, as the benchmark's fwd cell calls it. Then 
     PYTHONPATH=. python3 reports/data/flash2/diagnostics/forward_host.py
 """
 
-import cProfile
-import io
-import pstats
-
 import torch
 
-from common.timing import host_and_device_ms
+from common.timing import cprofile_calls, host_and_device_ms, top_functions
 from tritonlab.attention import FlashAttentionTriton, attention_forward
 
 SHAPE = (16, 4096, 64)
@@ -24,16 +20,7 @@ def profile(name: str, call) -> None:
         call()
     host_ms, device_ms = host_and_device_ms(call, calls=200)
     print(f"{name:24s} host {host_ms * 1e3:7.1f} us a call, kernels {device_ms * 1e3:7.1f} us", flush=True)
-    torch.cuda.synchronize()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(300):
-        call()
-    profiler.disable()
-    torch.cuda.synchronize()
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(14)
-    print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[:4000], flush=True)
+    print(top_functions(cprofile_calls(call, 300), "tottime", 14)[:4000], flush=True)
 
 
 def main() -> None:

@@ -2,13 +2,13 @@
 D = 64, Gluon and Triton kernels, their CUDA times (torch.profiler, ten calls), the host time of a
 backward call, and at N = 1024 the host's hot spots (cProfile). Run with PYTHONPATH at the repo root."""
 
-import cProfile
-import pstats
 import time
+from functools import partial
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from common.timing import cprofile_calls, top_functions
 from tritonlab.attention.flash2 import flash_backward, flash_forward
 
 
@@ -38,13 +38,8 @@ def profile_one(B, N, impl):
     torch.cuda.synchronize()
     print(f"   host+queue per backward call: {host * 1e3:.3f} ms")
     if N == 1024:
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(100):
-            flash_backward(q, k, v, o, lse, do, True, impl=impl)
-        profiler.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+        call = partial(flash_backward, q, k, v, o, lse, do, True, impl=impl)
+        print(top_functions(cprofile_calls(call, 100), "tottime", 12))
 
 
 def main():

@@ -5,9 +5,6 @@ GPU, the Python functions that take it (cProfile, by own time) and the CUDA runt
     PYTHONPATH=. python3 reports/data/kernel_suite/diagnostics/host_profile.py [case ...]
 """
 
-import cProfile
-import io
-import pstats
 import sys
 import time
 
@@ -15,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from common.attention_bench import make_inputs, tnp_case
+from common.timing import cprofile_calls, top_functions
 from tritonlab import ops
 from tritonlab.attention import attention, fused_attention
 
@@ -106,16 +104,7 @@ def main(names):
             fn()
         host, wall = host_ms(fn)
         print(f"\n===== {name}: host {host * 1e3:.1f} us per call, wall (loop + sync) {wall * 1e3:.1f} us")
-        prof = cProfile.Profile()
-        torch.cuda.synchronize()
-        prof.enable()
-        for _ in range(200):
-            fn()
-        prof.disable()
-        torch.cuda.synchronize()
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
-        print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[:6000])
+        print(top_functions(cprofile_calls(fn, 200), "tottime", 22)[:6000])
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
             for _ in range(50):
                 fn()
