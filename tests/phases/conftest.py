@@ -1,6 +1,8 @@
-"""Nsight Compute for the phases' tests: a small profile as ``python -m common.ncu`` writes it (for
-the reports), and the calls an attention phase's ncu pass hands to the profiler."""
+"""What the phases' tests share: a small Nsight Compute profile as ``python -m common.ncu`` writes it
+(for the reports), the calls an attention phase's ncu pass hands to the profiler, and an attention
+phase's benchmark rows."""
 
+import pandas as pd
 import pytest
 import torch
 
@@ -88,3 +90,18 @@ def attention_ncu_calls(monkeypatch):
         return {name: call.args[0] for name, call in profiled.items()}
 
     return collect
+
+
+@pytest.fixture
+def attention_rows():
+    """``rows(ms_by_variant, shape="mid", mode="fwd+bwd")``: an attention phase's ok rows, one a
+    variant, of one run on an H100."""
+
+    def rows(ms_by_variant: dict, shape: str = "mid", mode: str = "fwd+bwd") -> pd.DataFrame:
+        return pd.DataFrame(
+            [{"variant": v, "shape": shape, "dtype": "bf16", "mode": mode, "status": "ok", "ms": ms,
+              "gpu": "H100", "utc": "2026-11-22", "run_group": "g"}
+             for v, ms in ms_by_variant.items()]
+        )  # fmt: skip
+
+    return rows

@@ -26,13 +26,9 @@ def test_tiny_run_writes_rows_with_both_backward_configs(tmp_path):
         assert column in rows
 
 
-def test_headline_against_the_best_sdpa_backend():
+def test_headline_against_the_best_sdpa_backend(attention_rows):
     report = phase_module("03", "report")
-    df = pd.DataFrame(
-        [{"variant": v, "shape": "mid", "dtype": "bf16", "mode": "fwd+bwd", "status": "ok", "ms": ms,
-          "gpu": "H100", "utc": "2026-11-22", "run_group": "g"}
-         for v, ms in {"triton-2pass": 9.0, "sdpa-cudnn": 8.0, "sdpa-flash": 11.0}.items()]
-    )  # fmt: skip
+    df = attention_rows({"triton-2pass": 9.0, "sdpa-cudnn": 8.0, "sdpa-flash": 11.0})
     (verdict,) = report.headline(df)
     assert verdict.baseline == "sdpa-cudnn" and verdict.ratio == pytest.approx(8 / 9)
     assert verdict.verdict() == "missed by 11%"
@@ -43,12 +39,8 @@ def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_the_two_pass_backward(atte
     assert list(calls) == ["sdpa-cudnn", "triton-2pass"] and calls["triton-2pass"] is attention
 
 
-def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile):
+def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile, attention_rows):
     report = phase_module("03", "report")
-    df = pd.DataFrame(
-        [{"variant": v, "shape": "mid", "dtype": "bf16", "mode": "fwd+bwd", "status": "ok", "ms": ms,
-          "gpu": "H100", "utc": "2026-11-22", "run_group": "g"}
-         for v, ms in {"triton-2pass": 9.0, "sdpa-cudnn": 8.0}.items()]
-    )  # fmt: skip
+    df = attention_rows({"triton-2pass": 9.0, "sdpa-cudnn": 8.0})
     fig = Figures("03_attn_bwd", tmp_path, "H100")
     ncu_profile.check_report(report, df, fig, "03_attn_bwd", ["triton-2pass"])

@@ -45,19 +45,15 @@ def test_the_shape_choices_hold_at_another_head_dim():
     assert total == fused_only + 2  # the two-pass and the deterministic fused variants at tiny-d128
 
 
-def test_headline_has_the_graphed_small_cell():
+def test_headline_has_the_graphed_small_cell(attention_rows):
     report = phase_module("04", "report")
-    rows = []
-    for mode, ours, cudnn in (("fwd+bwd", 0.36, 0.26), ("fwd+bwd graphed", 0.13, 0.26)):
-        for v, ms in {
-            "triton-fused": ours,
-            "triton-2pass": 0.5,
-            "sdpa-cudnn": cudnn,
-            "sdpa-flash": 0.4,
-        }.items():
-            rows.append({"variant": v, "shape": "small", "dtype": "bf16", "mode": mode, "status": "ok", "ms": ms,
-                         "gpu": "H100", "utc": "2026-11-22", "run_group": "g"})  # fmt: skip
-    verdicts = {v.cell: v for v in report.headline(pd.DataFrame(rows))}
+    rows = pd.concat(
+        attention_rows(
+            {"triton-fused": ours, "triton-2pass": 0.5, "sdpa-cudnn": 0.26, "sdpa-flash": 0.4}, "small", mode
+        )
+        for mode, ours in (("fwd+bwd", 0.36), ("fwd+bwd graphed", 0.13))
+    )
+    verdicts = {v.cell: v for v in report.headline(rows)}
     assert verdicts["small, fwd+bwd graphed, bf16"].ratio == pytest.approx(2.0)
     assert verdicts["small, fwd+bwd graphed, bf16"].verdict() == "met"
     assert verdicts["small, fwd+bwd, bf16"].verdict().startswith("missed")
@@ -74,12 +70,8 @@ def test_ncu_pass_needs_a_gpu_then_profiles_cudnn_and_both_backwards(attention_n
     assert calls["triton-2pass"] is attention and calls["triton-fused"] is fused_attention
 
 
-def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile):
+def test_report_shows_the_ncu_profile_or_says_there_is_none(tmp_path, ncu_profile, attention_rows):
     report = phase_module("04", "report")
-    df = pd.DataFrame(
-        [{"variant": v, "shape": "mid", "dtype": "bf16", "mode": "fwd+bwd", "status": "ok", "ms": ms,
-          "gpu": "H100", "utc": "2026-11-22", "run_group": "g"}
-         for v, ms in {"triton-fused": 7.0, "triton-2pass": 9.0, "sdpa-cudnn": 8.0}.items()]
-    )  # fmt: skip
+    df = attention_rows({"triton-fused": 7.0, "triton-2pass": 9.0, "sdpa-cudnn": 8.0})
     fig = Figures("04_fused_attn", tmp_path, "H100")
     ncu_profile.check_report(report, df, fig, "04_fused_attn", ["triton-2pass", "triton-fused"])
