@@ -12,7 +12,7 @@ a replay then launches them all with one call, so the GPU runs back to back and 
 
 ``loss_fn`` may be compiled (``torch.compile(model.loss, fullgraph=True)``, our kernels as custom
 ops): the warm-up compiles it and the capture records Inductor's kernels with ours. A compiled step
-that waits on the host between its kernels gains the most (phase 12 at small: 34.0 → 23.8 ms).
+that waits on the host between its kernels gains the most (phase 12 at small: 30.1 → 23.8 ms).
 
 How (PyTorch's whole-network capture recipe, "CUDA Graphs" in the CUDA semantics notes):
 
