@@ -66,34 +66,6 @@ def load_q_tiles(q_desc, q_bufs, q_bars, b, h, row_start):
 
 
 @gluon.jit
-def release_ring(q_bar, v_bars, empty_bars, n_tiles):
-    """A softmax warpgroup whose rows all lie past Lq: no products, but its release of each ring
-    slot, once the slot's tile has landed, is one of the arrivals the load warp waits for."""
-    STAGES: gl.constexpr = v_bars.shape[0]
-    mbarrier.wait(q_bar, 0)  # its Q copy (zeros) lands before the program may end
-    for j in range(n_tiles - 1):  # a consumer releases every tile but the last
-        mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
-        mbarrier.arrive(empty_bars.index(j % STAGES), count=1)
-
-
-@gluon.jit
-def ragged_last(pid, Lq, BLOCK_M: gl.constexpr):
-    """(head, first row) of a non-causal program: every head's full query blocks first, in head
-    order, then the ragged last block of every head. Those run one or two warpgroups' rows (the
-    rest release the ring, ``release_ring``) and finish early, so the last wave of programs --
-    8 of 1 856 on 132 SMs at the TransformerNP's mid shape -- is made of short ones."""
-    n_full = Lq // BLOCK_M
-    n_bh = gl.num_programs(0) // gl.cdiv(Lq, BLOCK_M)
-    if pid < n_bh * n_full:
-        pid_bh = pid // gl.maximum(n_full, 1)
-        row_start = (pid % gl.maximum(n_full, 1)) * BLOCK_M
-    else:
-        pid_bh = pid - n_bh * n_full
-        row_start = n_full * BLOCK_M
-    return pid_bh, row_start
-
-
-@gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
                     row_start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
     load_q_tiles(q_desc, q_bufs, q_bars, b, h, row_start)
@@ -166,17 +138,6 @@ def _softmax_tile(j, q, p, acc, m_i, l_i, k_bufs, v_bufs, k_bars, v_bars, empty_
 def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE, qk_scale,
                        stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles,
                        CAUSAL: gl.constexpr):  # fmt: skip
-    if row_start < Lq:
-        _softmax_rows(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE, qk_scale, stride_ob,
-                      stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles, CAUSAL)  # fmt: skip
-    else:
-        release_ring(q_bar, v_bars, empty_bars, n_tiles)
-
-
-@gluon.jit
-def _softmax_rows(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE, qk_scale,
-                  stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles,
-                  CAUSAL: gl.constexpr):  # fmt: skip
     # One warpgroup's 64 query rows from row_start; the tile sizes come with the buffers' types.
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[3]
@@ -292,7 +253,8 @@ def _attn_fwd_hopper_kernel(
         row_start = (n_m - 1 - pid // n_bh) * BLOCK_M
         n_tiles = gl.cdiv(gl.minimum(Lk, row_start + BLOCK_M), BLOCK_N)
     else:
-        pid_bh, row_start = ragged_last(pid, Lq, BLOCK_M)
+        pid_bh = pid // n_m
+        row_start = (pid % n_m) * BLOCK_M
         n_tiles = gl.cdiv(Lk, BLOCK_N)
     b = pid_bh // H
     h = pid_bh % H

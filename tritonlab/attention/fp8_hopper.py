@@ -58,8 +58,6 @@ from .forward_hopper import (
     SOFTMAX_WARPGROUPS,
     descriptor,
     load_q_tiles,
-    ragged_last,
-    release_ring,
     ring_barriers,
     store_rows,
 )
@@ -171,18 +169,6 @@ def _fp8_tile(j, q8_smem, p_smem, acc, m_i, l_i, v_unit, k_bufs, v_bufs, k_bars,
 def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM, O, LSE,
                            qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh, n_blocks, row_start, Lq, Lk,
                            n_tiles, KV_BLOCK: gl.constexpr):  # fmt: skip
-    if row_start < Lq:
-        _fp8_softmax_rows(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM, O,
-                          LSE, qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh, n_blocks, row_start, Lq, Lk,
-                          n_tiles, KV_BLOCK)  # fmt: skip
-    else:
-        release_ring(q_bar, v_bars, empty_bars, n_tiles)
-
-
-@gluon.jit
-def _fp8_softmax_rows(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, KS, VS, VM, O, LSE,
-                      qk_scale, stride_ob, stride_oh, stride_ol, b, h, bh, n_blocks, row_start, Lq, Lk,
-                      n_tiles, KV_BLOCK: gl.constexpr):  # fmt: skip
     # l and the row sums count 448 · P (LOG2_FP8_MAX off the exponent's shift): P8 needs no multiply.
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[2]
@@ -248,7 +234,10 @@ def _fp8_attn_fwd_hopper_kernel(
     ROWS: gl.constexpr = q_desc.block_type.shape[2]  # one warpgroup's rows: ROWS_PER_WARPGROUP
     NUM_CONSUMERS: gl.constexpr = 3  # the three softmax partitions below: SOFTMAX_WARPGROUPS
     BLOCK_M: gl.constexpr = ROWS * NUM_CONSUMERS
-    bh, row_start = ragged_last(gl.program_id(0), Lq, BLOCK_M)
+    n_m = gl.cdiv(Lq, BLOCK_M)
+    pid = gl.program_id(0)
+    bh = pid // n_m
+    row_start = (pid % n_m) * BLOCK_M
     n_tiles = gl.cdiv(Lk, BLOCK_N)
     b = bh // H
     h = bh % H
