@@ -125,9 +125,10 @@ def row_delta(o, do):
 
 @triton.jit
 def _delta_kernel(
-    O, DO, DELTA,
+    O, DO, DELTA, ZERO,
     stride_ob, stride_oh, stride_ol, stride_od,
     stride_gb, stride_gh, stride_gl, stride_gd,
+    stride_zb, stride_zh, stride_zl, stride_zd,
     H, Lq,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
@@ -138,20 +139,30 @@ def _delta_kernel(
     do = load_rows(DO + b * stride_gb + h * stride_gh, stride_gl, stride_gd, row, Lq, BLOCK_M, HEAD_DIM, True)
     rows = row + tl.arange(0, BLOCK_M)
     tl.store(DELTA + pid_bh.to(tl.int64) * Lq + rows, row_delta(o, do), mask=rows < Lq)
+    if ZERO is not None:  # the fused backward's float32 dQ sum, zeroed in the same pass
+        ptr = tl.make_block_ptr(
+            ZERO + b * stride_zb + h * stride_zh, (Lq, HEAD_DIM), (stride_zl, stride_zd), (row, 0),
+            (BLOCK_M, HEAD_DIM), (1, 0),
+        )  # fmt: skip
+        tl.store(ptr, tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), boundary_check=(0,))
 
 
 DELTA_ROWS = 64
 
 
-def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+def backward_delta(o: torch.Tensor, do: torch.Tensor, zero: torch.Tensor | None = None) -> torch.Tensor:
     """Δ = rowsum(dO ∘ O), float32 of o's leading shape (B, H, Lq) or (B, Lq): the preprocess both
-    backwards subtract from dP. o and do are (B, H, L, D) or (B, L, D), any strides."""
+    backwards subtract from dP. o and do are (B, H, L, D) or (B, L, D), any strides. ``zero``, a
+    float32 tensor of o's shape in any strides, is set to zeros by the same launch (the fused
+    backward's dQ sum: one pass over the rows instead of a separate fill)."""
     o4, do4 = (o, do) if o.dim() == 4 else (o.unsqueeze(1), do.unsqueeze(1))
+    z4 = zero if zero is None or zero.dim() == 4 else zero.unsqueeze(1)
     B, H, Lq, D = o4.shape
     delta = torch.empty(o.shape[:-1], dtype=torch.float32, device=o.device)
+    z_strides = strides4(z4) if z4 is not None else (0, 0, 0, 0)
     launch(
-        _DELTA_LAUNCHES, _delta_kernel, (cdiv(Lq, DELTA_ROWS), B * H), (o4, do4, delta),
-        (*strides4(o4), *strides4(do4), H, Lq), {"HEAD_DIM": D, "BLOCK_M": DELTA_ROWS},
+        _DELTA_LAUNCHES, _delta_kernel, (cdiv(Lq, DELTA_ROWS), B * H), (o4, do4, delta, z4),
+        (*strides4(o4), *strides4(do4), *z_strides, H, Lq), {"HEAD_DIM": D, "BLOCK_M": DELTA_ROWS},
     )  # fmt: skip
     return delta
 

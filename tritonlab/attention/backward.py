@@ -370,10 +370,11 @@ def _plan_query_chunks(Lq: int, Lk: int, n_bh: int) -> int:
     return cdiv(cdiv(Lq, n_chunks), align) * align
 
 
-def _like_q_layout(t: torch.Tensor) -> torch.Tensor:
-    """An empty (B, H, L, D) gradient stored as (B, L, H, D), the layout the model's views come from."""
+def _like_q_layout(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An empty (B, H, L, D) gradient stored as (B, L, H, D), the layout the model's views come from;
+    in ``dtype`` (t's by default)."""
     B, H, L, D = t.shape
-    return torch.empty((B, L, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
+    return torch.empty((B, L, H, D), dtype=dtype or t.dtype, device=t.device).transpose(1, 2)
 
 
 def _key_grad_buffers(k: torch.Tensor, n_chunks: int):

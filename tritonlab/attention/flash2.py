@@ -599,16 +599,17 @@ def flash_backward(
     n_k = k.shape[1]
     sm_scale = 1.0 / math.sqrt(head_dim)
     precision = dot_precision(q.dtype)
-    delta = backward_delta(o, grad_o)
     # dQ, dK, dV are written with Q's, K's and V's strides: make those the contiguous ones (a no-op
     # for the usual contiguous inputs).
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     gluon = _uses_gluon(q, k, v, "triton" if dkdv_config is not None and impl == "auto" else impl)
     gluon = gluon and head_dim in backward_hopper.CONFIGS and tma_ok(grad_o)
     if gluon and head_dim in backward_hopper.FUSED_CONFIGS and not deterministic and dq_config is None:
-        dq_sum = torch.zeros((batch, 1, n_q, head_dim), dtype=torch.float32, device=q.device)
+        dq_sum = torch.empty((batch, 1, n_q, head_dim), dtype=torch.float32, device=q.device)
+        delta = backward_delta(o, grad_o, zero=dq_sum)  # zeroes dQ's sum in the same launch
         dk, dv = _gluon_dkdv(q, k, v, lse, grad_o, delta, sm_scale, is_causal, dq_sum)
         return dq_sum[:, 0].to(q.dtype), dk, dv
+    delta = backward_delta(o, grad_o)
     dq_cfg = dq_config or tile_config("dq", q.dtype, head_dim, is_causal, q.device)
     dq = torch.empty_like(q)
     common_args = (

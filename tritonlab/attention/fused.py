@@ -360,12 +360,13 @@ def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | No
     B, H, Lq, D = q.shape
     if D not in backward_hopper.FUSED_CONFIGS:
         return _two_pass_backward(q, k, v, o, lse, do, scale, record)
-    delta = backward_delta(o, do)
+    # dQ's float32 sum in the model's layout, zeroed by Δ's launch: its bf16 copy is then one
+    # contiguous conversion, not a transposing one.
+    dq_sum = _like_q_layout(q, torch.float32)
+    delta = backward_delta(o, do, zero=dq_sum)
     grads, _ = _key_grad_buffers(k, n_chunks=1)
-    dq_sum = torch.zeros((B, H, Lq, D), dtype=torch.float32, device=q.device)
     backward_hopper.dkdv(q, k, v, lse, do, delta, grads, scale, dq=dq_sum)
-    dq = _like_q_layout(q)
-    dq.copy_(dq_sum)
+    dq = dq_sum.to(q.dtype)
     if record is not None:
         record.note("fused", backward_hopper.config_string(D, fused=True))
     return dq, grads

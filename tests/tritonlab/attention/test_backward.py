@@ -9,6 +9,7 @@ from triton.runtime.errors import OutOfResources
 
 from tritonlab._runtime import kernel_device_type
 from tritonlab.attention import attention, fused_attention, reference_attention
+from tritonlab.attention._common import backward_delta
 from tritonlab.attention.backward import _INTERPRETER_CONFIG, _plan_query_chunks
 from tritonlab.attention.fused import _drop_spilling
 from tritonlab.testing import check_against_float64, model_qkv, poisoned_empty
@@ -323,3 +324,20 @@ def test_direct_launches_follow_alignment_and_scale_on_gpu(name):
             assert (g.double() - g64).abs().max().item() / max(g64.abs().max().item(), 1) < TOLERANCE[
                 torch.bfloat16
             ]
+
+
+@pytest.mark.parametrize("three_d", [False, True])
+def test_delta_launch_zeroes_the_dq_sum_in_any_strides(three_d):
+    """Δ = rowsum(dO ∘ O) against float64, and the fused backward's float32 dQ sum -- poisoned, in the
+    model's (B, L, H, D) storage or flash2's (B, 1, L, D) -- all zeros after the same launch, the
+    rows past the last full tile included (Lq = 67)."""
+    B, H, Lq, D = 2, (1 if three_d else 3), 67, 32
+    q, _, _ = model_qkv(B, H, Lq, 5, D, torch.float16)
+    o, do = q * 0.5, torch.randn_like(q)
+    zero = torch.full((B, Lq, H, D), float("nan"), device=DEVICE).transpose(1, 2)
+    if three_d:
+        o, do, zero = o[:, 0], do[:, 0], zero.contiguous()
+    delta = backward_delta(o, do, zero=zero)
+    assert delta.shape == o.shape[:-1]
+    torch.testing.assert_close(delta.double(), (o.double() * do.double()).sum(-1), rtol=1e-5, atol=1e-5)
+    assert (zero == 0).all()
