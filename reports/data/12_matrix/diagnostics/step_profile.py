@@ -1,12 +1,14 @@
 """Where one TransformerNP training step's GPU time goes, per variant: torch.profiler over timed
 steps after warm-up. Prints, per variant, the wall time a step (CUDA events), the GPU's busy time
-(the union of kernel intervals) and its kernel time by family, then the top kernels.
+(the union of kernel intervals) and its kernel time by family, then the top kernels and the
+largest waits of the GPU between kernels (where the host fell behind), by the kernels around them.
 
     PYTHONPATH=. python3 reports/data/12_matrix/diagnostics/step_profile.py small compile+sdpa-flash ...
 
 Variants as phase 12 names them (sdpa-<backend>, custom-bf16-<attention>, with a compile+ prefix).
 """
 
+import functools
 import sys
 from collections import defaultdict
 
@@ -33,15 +35,33 @@ def padded_heads(z, w1, w2):
 
 def components(variant: str) -> Components:
     """Phase 12's variants; a custom one may end in ``:padmlp`` (the MLP as cuBLAS GEMMs on padded
-    weights, phase 06's padded-cublas) and ``:padheads`` (the head loop on padded weights)."""
+    weights, phase 06's padded-cublas), ``:padheads`` (the head loop on padded weights) and
+    ``:savepreact`` (our heads keeping their pre-activation). Phase 12's ``custom-bf16-padded`` is
+    ``custom-bf16-fused:padmlp:savepreact``."""
     base, *options = variant.removeprefix("compile+").split(":")
     if base.startswith("sdpa-"):
         return Components(attention=sdpa_attention(base.removeprefix("sdpa-")))
     kind = base.rsplit("-", 1)[-1]
     fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": sdpa_attention("cudnn")}[kind]
     mlp = padded_cublas_mlp if "padmlp" in options else fused_mlp
-    heads = padded_heads if "padheads" in options else gmm_heads
+    heads = functools.partial(gmm_heads, save_preactivation=True) if "savepreact" in options else gmm_heads
+    heads = padded_heads if "padheads" in options else heads
     return Components(attention=fn, mlp=mlp, heads=heads, loss=gmm_nll)
+
+
+def idle_gaps(kernels, least_us: float = 5.0) -> list:
+    """The GPU's idle intervals of at least ``least_us`` between kernels, summed by the pair of
+    kernel names around them: [((before, after), (total µs, count))], the largest total first."""
+    gaps = defaultdict(lambda: [0.0, 0])
+    reach, last = None, None
+    for e in sorted(kernels, key=lambda e: e.time_range.start):
+        if reach is not None and e.time_range.start - reach >= least_us:
+            gap = gaps[(last, e.name)]
+            gap[0] += e.time_range.start - reach
+            gap[1] += 1
+        if reach is None or e.time_range.end > reach:
+            reach, last = e.time_range.end, e.name
+    return sorted(((pair, tuple(v)) for pair, v in gaps.items()), key=lambda kv: -kv[1][0])
 
 
 def profile_variant(shape, variant: str) -> None:
@@ -84,6 +104,9 @@ def profile_variant(shape, variant: str) -> None:
     print("  top kernels (ms a step, launches a step):")
     for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:18]:
         print(f"    {us / 1e3 / STEPS:8.3f} {count[name] // STEPS:4d}  {name[:110]}")
+    print("  GPU idle between kernels (ms a step, gaps a step; the kernel before -> the one after):")
+    for (before, after), (us, n) in idle_gaps(kernels)[:10]:
+        print(f"    {us / 1e3 / STEPS:8.3f} {n // STEPS:4d}  {before[:50]} -> {after[:50]}")
     del model, optimizer, loss_fn
     torch.cuda.empty_cache()
 
