@@ -17,7 +17,7 @@ from tritonlab.tuning import ptxas_report
 
 consts = {"HEAD_DIM": 64, "BLOCK_M": 64}
 signature = {n: "i32" for n in kernel.arg_names}
-signature.update(O="*bf16", DO="*bf16", DELTA="*fp32", **{c: "constexpr" for c in consts})
+signature.update(O="*bf16", DO="*bf16", DELTA="*fp32", ZERO="*fp32", **{c: "constexpr" for c in consts})
 out = {}
 for arch, name in ((80, "sm_80"), (90, "sm_90a")):
     built = triton.compile(ASTSource(kernel, signature, consts), target=GPUTarget("cuda", arch, 32),
