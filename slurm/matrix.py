@@ -21,7 +21,8 @@ choose another, so that the templates never need editing:
     TRITONLAB_MATRIX_SHAPES        override the shapes, e.g. "small mid"
     TRITONLAB_MATRIX_VARIANTS      phase 12: override the variants, e.g. "sdpa-cudnn custom-bf16-fused"
     TRITONLAB_MATRIX_CHECKPOINT    phase 12: checkpoint modes, e.g. "none block" (default none)
-    TRITONLAB_MATRIX_GRAPHS        phase 12: "off", "on" or "off on" (default off)
+    TRITONLAB_MATRIX_GRAPHS        phase 12: "off", "on" or "off on" for every shape (default: "off on"
+                                   at small, whose headline is graphed, "off" elsewhere)
     TRITONLAB_MATRIX_BACKENDS      phase 01: override the SDPA backends, e.g. "cudnn flash"
     TRITONLAB_MATRIX_ARGS          extra phase arguments for every cell, e.g. "--steps 20"
 
@@ -141,9 +142,10 @@ def _baseline_cells(shapes, backends, modes, dtype, extra) -> list[Cell]:
 
 
 def _matrix_cells(shapes, variants, checkpoints, graphs, dtype, extra) -> list[Cell]:
-    """Phase 12: one task per shape x variant x checkpoint mode x graph toggle. Each task measures
-    its variant alone; the report compares the cells of one array job (one run group)."""
-    from common.step import variant_label
+    """Phase 12: one task per shape x variant x checkpoint mode x graph toggle (``graphs``, or each
+    shape's default). Each task measures its variant alone; the report compares the cells of one
+    array job (one run group)."""
+    from common.step import default_graphs, variant_label
 
     return [
         Cell(
@@ -163,7 +165,7 @@ def _matrix_cells(shapes, variants, checkpoints, graphs, dtype, extra) -> list[C
         )
         for shape in shapes
         for mode in checkpoints
-        for graph in graphs
+        for graph in (graphs or default_graphs(shape))
         for variant in variants
     ]
 
@@ -193,7 +195,7 @@ def cells(env: dict | None = None) -> list[Cell]:
     if phase == PHASE:
         variants = _words(env.get("TRITONLAB_MATRIX_VARIANTS", "")) or preset["variants"]
         checkpoints = _words(env.get("TRITONLAB_MATRIX_CHECKPOINT", "")) or ("none",)
-        graphs = _words(env.get("TRITONLAB_MATRIX_GRAPHS", "")) or ("off",)
+        graphs = _words(env.get("TRITONLAB_MATRIX_GRAPHS", ""))
         return _matrix_cells(shapes, variants, checkpoints, graphs, preset["dtype"], extra)
     return [Cell(phase, shape, user_extra) for shape in shapes]
 

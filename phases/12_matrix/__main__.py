@@ -1,6 +1,6 @@
 """Phase 12 -- the TransformerNP end to end: SDPA baselines against our kernels, eager and compiled.
 
-    python -m phases 12_matrix                                   # small and mid, every variant
+    python -m phases 12_matrix                                   # small (graphed too) and mid, every variant
     python -m phases 12_matrix --shape small --variants sdpa-cudnn custom-bf16-fused
     python -m phases 12_matrix --checkpoint none selective --graphs off on
     python -m phases 12_matrix --shape large --loss-steps 10     # seconds a step
@@ -18,7 +18,7 @@ naming why.
 
 from common import ON_GPU, run_cells
 from common.cli import choices_argument, phase_run
-from common.step import count_argument, parse_step_args, step_parser
+from common.step import count_argument, default_graphs, parse_step_args, step_parser
 from tritonlab.models import CHECKPOINT_MODES
 
 from .bench import TOLERANCES, VARIANTS, Setup, model_config, shape_cells
@@ -59,9 +59,8 @@ def parse_args(argv=None):
         "--graphs",
         nargs="+",
         choices=["off", "on"],
-        default=["off"],
         help="replay the step from one CUDA graph (tritonlab.graphs.GraphedStep): off, on or both "
-        "(default off; on the CPU a graphed cell is a skipped row)",
+        "(default: both at small, off at the other shapes; on the CPU a graphed cell is a skipped row)",
     )
     count_argument(
         parser,
@@ -83,8 +82,14 @@ def parse_args(argv=None):
     default = [v for v in VARIANTS if v != "sdpa-math"] if ON_GPU else VARIANTS
     args.variants = list(dict.fromkeys(args.variants or default))
     args.checkpoint = list(dict.fromkeys(args.checkpoint))
-    args.graphs = [g == "on" for g in dict.fromkeys(args.graphs)]
+    if args.graphs is not None:
+        args.graphs = [g == "on" for g in dict.fromkeys(args.graphs)]
     return args
+
+
+def graph_toggles(args, shape: str) -> list[bool]:
+    """``--graphs`` as asked, else the shape's default (``common.step.default_graphs``)."""
+    return args.graphs if args.graphs is not None else [g == "on" for g in default_graphs(shape)]
 
 
 # Phase 10's main in shape (parse, Setup, a run over the shapes); what the two share is common.step's.
@@ -98,7 +103,9 @@ def main(argv=None) -> None:
         cells = [
             cell
             for shape in args.shapes
-            for cell in shape_cells(setup, shape, args.variants, args.checkpoint, args.graphs)
+            for cell in shape_cells(
+                setup, shape, args.variants, args.checkpoint, graph_toggles(args, shape.name)
+            )
         ]
         run_cells(writer, cells)
 

@@ -36,10 +36,14 @@ def test_the_default_cpu_matrix_is_phase_12_at_the_tiny_shape_one_task_per_varia
                                 "--checkpoint", "none", "--graphs", "off", "--dtype", "fp32"]  # fmt: skip
 
 
-def test_the_default_gpu_matrix_is_every_shape_by_every_variant_of_phase_12():
+def test_the_default_gpu_matrix_is_every_shape_by_every_variant_of_phase_12_small_graphed_too():
     gpu = cells({})
-    assert len(gpu) == 3 * len(VARIANTS_12) and array_range(gpu) == f"0-{3 * len(VARIANTS_12) - 1}"
+    assert len(gpu) == 4 * len(VARIANTS_12) and array_range(gpu) == f"0-{4 * len(VARIANTS_12) - 1}"
     assert {c.shape for c in gpu} == {"small", "mid", "large"}
+    # small's headline is graphed: each variant with and without a graph there, without elsewhere.
+    graphed = {(c.shape, c.expected_rows()[0]["graphs"]) for c in gpu}
+    assert graphed == {("small", False), ("small", True), ("mid", False), ("large", False)}
+    assert sum(c.expected_rows()[0]["graphs"] for c in gpu) == len(VARIANTS_12)
     assert all("--dtype" in c.argv and c.argv[c.argv.index("--dtype") + 1] == "bf16" for c in gpu)
     # Every variant phase 12 runs on a GPU by default, and nothing else.
     bench = importlib.import_module("phases.12_matrix.bench")
@@ -55,6 +59,8 @@ def test_phase_12_toggles_multiply_the_cells_and_name_their_rows():
            "TRITONLAB_MATRIX_ARGS": "--steps 5"}  # fmt: skip
     chosen = cells(env)
     assert len(chosen) == 2 * 2 * 2
+    # TRITONLAB_MATRIX_GRAPHS applies to every shape, small too.
+    assert len(cells({**env, "TRITONLAB_MATRIX_SHAPES": "small", "TRITONLAB_MATRIX_GRAPHS": "off"})) == 2 * 2
     assert [c.expected_rows()[0]["variant"] for c in chosen] == [
         "sdpa-cudnn", "custom-bf16-fused", "sdpa-cudnn+graphs", "custom-bf16-fused+graphs",
         "sdpa-cudnn+ckpt-block", "custom-bf16-fused+ckpt-block", "sdpa-cudnn+ckpt-block+graphs",

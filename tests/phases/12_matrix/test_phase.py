@@ -29,6 +29,16 @@ def test_cli_rejects_bad_input_before_work(argv, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+def test_graphs_default_to_both_at_small_and_off_elsewhere_unless_asked():
+    main = phase_module("12", "__main__")
+    args = main.parse_args(["--shape", "tiny"])
+    assert args.graphs is None
+    assert main.graph_toggles(args, "small") == [False, True]
+    assert main.graph_toggles(args, "mid") == main.graph_toggles(args, "tiny") == [False]
+    asked = main.parse_args(["--shape", "tiny", "--graphs", "on", "on"])
+    assert main.graph_toggles(asked, "small") == main.graph_toggles(asked, "mid") == [True]
+
+
 @pytest.mark.skipif(ON_GPU, reason="what a machine without a GPU runs")
 def test_a_tiny_cpu_run_writes_a_row_per_variant(tmp_path):
     main = phase_module("12", "__main__")
