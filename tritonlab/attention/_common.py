@@ -118,6 +118,16 @@ def load_rows(
 
 
 @triton.jit
+def store_rows(base, stride_l, stride_d, row_start, Lq, tile, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """``tile`` (BLOCK_M, HEAD_DIM) into one head's (L, D) matrix from ``row_start``, in the matrix's
+    dtype; rows past Lq are not written."""
+    ptr = tl.make_block_ptr(
+        base, (Lq, HEAD_DIM), (stride_l, stride_d), (row_start, 0), (BLOCK_M, HEAD_DIM), (1, 0)
+    )
+    tl.store(ptr, tile.to(base.dtype.element_ty), boundary_check=(0,))
+
+
+@triton.jit
 def row_delta(o, do):
     """Δ of a query tile: rowsum(dO ∘ O) in fp32."""
     return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
@@ -140,11 +150,10 @@ def _delta_kernel(
     rows = row + tl.arange(0, BLOCK_M)
     tl.store(DELTA + pid_bh.to(tl.int64) * Lq + rows, row_delta(o, do), mask=rows < Lq)
     if ZERO is not None:  # the fused backward's float32 dQ sum, zeroed in the same pass
-        ptr = tl.make_block_ptr(
-            ZERO + b * stride_zb + h * stride_zh, (Lq, HEAD_DIM), (stride_zl, stride_zd), (row, 0),
-            (BLOCK_M, HEAD_DIM), (1, 0),
-        )  # fmt: skip
-        tl.store(ptr, tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), boundary_check=(0,))
+        zeros = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        store_rows(
+            ZERO + b * stride_zb + h * stride_zh, stride_zl, stride_zd, row, Lq, zeros, BLOCK_M, HEAD_DIM
+        )
 
 
 DELTA_ROWS = 64

@@ -52,6 +52,7 @@ from ._common import (
     small_tiles_only,
     smallest,
     softmax_scale,
+    store_rows,
     strides4,
     tuning_bench,
 )
@@ -272,11 +273,9 @@ def _dq_kernel(
     dq = _dq_row_block(q, do, lse2, delta, K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh,
                        stride_kl, stride_kd, stride_vl, stride_vd, Lk, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM,
                        DOT_PRECISION)  # fmt: skip
-    dq_ptr = tl.make_block_ptr(
-        DQ + b * stride_db + h * stride_dh, (Lq, HEAD_DIM), (stride_dl, stride_dd), (row_start, 0),
-        (BLOCK_M, HEAD_DIM), (1, 0),
-    )  # fmt: skip
-    tl.store(dq_ptr, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0,))
+    store_rows(
+        DQ + b * stride_db + h * stride_dh, stride_dl, stride_dd, row_start, Lq, dq * scale, BLOCK_M, HEAD_DIM
+    )
 
 
 # --- autotuning ----------------------------------------------------------------------------------

@@ -486,9 +486,10 @@ def dkdv(
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
     keeps key j for query i when i >= j (top-left aligned). With ``dq``, a zeroed float32
-    (B, H, Lq, D) tensor in strides a tensor descriptor can address, dQ is added into it too, by TMA reductions: the fused backward,
-    whose dQ sum runs in no fixed order; ``defer``: its dQ products issued a tile late (see
-    ``_fused_tile``; by default ``DEFER_DQ`` at 2 ring stages, the only count it builds with).
+    (B, H, Lq, D) tensor in strides a tensor descriptor can address, dQ is added into it too, by
+    TMA reductions: the fused backward, whose dQ sum runs in no fixed order; ``defer``: its dQ
+    products issued a tile late (see ``_fused_tile``; by default ``DEFER_DQ`` at 2 ring stages, the
+    only count it builds with).
     ``config`` (BLOCK_M, STAGES, REGS) and ``dq_stages`` override ``CONFIGS[D]``, or with ``dq``
     ``FUSED_CONFIGS[D]``."""
     B, H, Lq, D = q.shape

@@ -60,6 +60,7 @@ from ._common import (
     row_delta,
     shape_bucket,
     small_tiles_only,
+    store_rows,
     strides4,
     tuning_bench,
 )
@@ -89,12 +90,6 @@ def _load_query_tile(q_base, do_base, o_base, LSE, bh_offset, row, Lq, stride_ql
     do = load_rows(do_base, stride_gl, stride_gd, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
     o = load_rows(o_base, stride_ol, stride_od, row, Lq, BLOCK_M, HEAD_DIM, CHECK)
     return q, do, _load_lse2(LSE, bh_offset, row, Lq, BLOCK_M, CHECK), row_delta(o, do)
-
-
-@triton.jit
-def _store_rows(base, stride_l, stride_d, row, Lq, tile, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    ptr = tl.make_block_ptr(base, (Lq, HEAD_DIM), (stride_l, stride_d), (row, 0), (BLOCK_M, HEAD_DIM), (1, 0))
-    tl.store(ptr, tile.to(base.dtype.element_ty), boundary_check=(0,))
 
 
 @triton.jit
@@ -139,7 +134,7 @@ def _fused_bwd_kernel(
             dk, dv, ds_t = _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
             if KEYS_WRITE_DQ:
                 dq = tl.dot(tl.trans(ds_t).to(k.dtype), k, input_precision=DOT_PRECISION)
-                _store_rows(dq_base, stride_dl, stride_dd, row, Lq, dq * scale, BLOCK_M1, HEAD_DIM)
+                store_rows(dq_base, stride_dl, stride_dd, row, Lq, dq * scale, BLOCK_M1, HEAD_DIM)
         # The loop's step again, with bounds checks: only the ragged last tile pays for them.
         if full_end < row_end:  # the partial last query tile
             q, do, lse2, delta = _load_query_tile(q_base, do_base, o_base, LSE, bh_offset, full_end, Lq, stride_ql,
@@ -148,7 +143,7 @@ def _fused_bwd_kernel(
             dk, dv, ds_t = _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, DOT_PRECISION)
             if KEYS_WRITE_DQ:
                 dq = tl.dot(tl.trans(ds_t).to(k.dtype), k, input_precision=DOT_PRECISION)
-                _store_rows(dq_base, stride_dl, stride_dd, full_end, Lq, dq * scale, BLOCK_M1, HEAD_DIM)
+                store_rows(dq_base, stride_dl, stride_dd, full_end, Lq, dq * scale, BLOCK_M1, HEAD_DIM)
         _store_key_block(DK, DV, dk * scale, dv, pid_c, b, h, col_start, Lk, stride_dkc, stride_dkb,
                          stride_dkh, stride_dkl, stride_dkd, BLOCK_N1, HEAD_DIM)  # fmt: skip
     else:
@@ -159,7 +154,7 @@ def _fused_bwd_kernel(
                                               HEAD_DIM, True)  # fmt: skip
         dq = _dq_row_block(q, do, lse2, delta, k_base, v_base, stride_kl, stride_kd, stride_vl, stride_vd, Lk,
                            qk_scale, BLOCK_M2, BLOCK_N2, HEAD_DIM, DOT_PRECISION)  # fmt: skip
-        _store_rows(dq_base, stride_dl, stride_dd, row_start, Lq, dq * scale, BLOCK_M2, HEAD_DIM)
+        store_rows(dq_base, stride_dl, stride_dd, row_start, Lq, dq * scale, BLOCK_M2, HEAD_DIM)
 
 
 # (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages, KEYS_WRITE_DQ): key-program
@@ -357,7 +352,7 @@ def _fused_backward(q, k, v, o, lse, do, scale: float, record: ConfigRecord | No
     the deterministic one-launch kernel."""
     if not _uses_gluon(q, k, v, do):
         return _deterministic_fused_backward(q, k, v, o, lse, do, scale, record)
-    B, H, Lq, D = q.shape
+    D = q.shape[-1]
     if D not in backward_hopper.FUSED_CONFIGS:
         return _two_pass_backward(q, k, v, o, lse, do, scale, record)
     # dQ's float32 sum in the model's layout, zeroed by Δ's launch: its bf16 copy is then one
