@@ -33,6 +33,9 @@ masked in a loop of their own (the mask inside the main loop spilled 68 bytes a 
 sm_90a on the CPU (Gluon does not run in Triton's interpreter).
 """
 
+import torch
+import triton
+import triton.language as tl
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -47,7 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .._gluon import mma_layout, shared_layout
 from .._launch import LaunchCache, first_launch, launch
-from .._runtime import cdiv
+from .._runtime import cdiv, sm_count
 from ._common import LOG2E
 from .forward_hopper import descriptor
 
@@ -70,7 +73,7 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, kv_bars,
-               ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, n_tiles,
+               ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, end_tile,
                BLOCK_M: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
     for w in gl.static_range(2):
@@ -81,7 +84,7 @@ def _dkdv_load(q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs,
         tma.async_copy_global_to_shared(
             v_desc, [b, h, key_start + w * KEYS, 0], kv_bars.index(w), v_bufs.index(w)
         )
-    for j in range(first_tile, n_tiles):
+    for j in range(first_tile, end_tile):
         i = j - first_tile
         slot = i % STAGES
         mbarrier.wait(empty_bars.index(slot), ((i // STAGES) + 1) & 1, pred=i >= STAGES)
@@ -267,9 +270,9 @@ def _fused_pairs(t_from, t_to, n, first_tile, k, v, k_other, key_start, q_bufs, 
 
 @gluon.jit
 def _dkdv_compute(k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars, GRADS, scale,
-                  qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, first_tile, n_tiles,
-                  ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
-                  W: gl.constexpr, DEFER: gl.constexpr):  # fmt: skip
+                  qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk, first_tile, end_tile,
+                  ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, TAIL, tail_index, CAUSAL: gl.constexpr,
+                  FUSED_DQ: gl.constexpr, W: gl.constexpr, DEFER: gl.constexpr, SPLIT_TAIL: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = q_bufs.shape[3]
     HEAD_DIM: gl.constexpr = q_bufs.shape[4]
     KEYS: gl.constexpr = k_bufs.shape[3]
@@ -288,11 +291,11 @@ def _dkdv_compute(k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs
     # (at 168 registers the mask in the main loop spilled 68 bytes a thread, against 12 without it).
     unmasked_from = first_tile
     if CAUSAL:
-        unmasked_from = gl.minimum(gl.cdiv(key_start + KEYS, BLOCK_M), n_tiles)
+        unmasked_from = gl.minimum(gl.cdiv(key_start + KEYS, BLOCK_M), end_tile)
     if FUSED_DQ and DEFER:
         # Tiles in pairs (owned, given): warpgroup 1 gives tile 0 alone first. Pairs that reach a
         # tile needing the mask run masked (harmless on the other).
-        n = n_tiles - first_tile
+        n = end_tile - first_tile
         if W == 1 and n > 0:
             dk, dv = _fused_tile(first_tile, 0, k, v, k_other, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
                                  ready_bars, empty_bars, dk, dv, qk_scale, ds_bufs, ds_ready, ds_free, dq_smem,
@@ -311,7 +314,7 @@ def _dkdv_compute(k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs
                 dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs,
                                     ready_bars, empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free,
                                     dq_smem, dq_desc, b, h, scale, True, FUSED_DQ, W)  # fmt: skip
-        for j in range(unmasked_from, n_tiles):
+        for j in range(unmasked_from, end_tile):
             dk, dv = _dkdv_tile(j, j - first_tile, k, v, key_start, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars,
                                 empty_bars, dk, dv, qk_scale, k_other, ds_bufs, ds_ready, ds_free, dq_smem, dq_desc, b,
                                 h, scale, False, FUSED_DQ, W)  # fmt: skip
@@ -323,17 +326,25 @@ def _dkdv_compute(k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs
     offs = b.to(gl.int64) * stride_gb + h.to(gl.int64) * stride_gh + keys.to(gl.int64)[:, None] * stride_gl
     offs = offs + cols[None, :]
     mask = (keys < Lk)[:, None]
-    gl.store(GRADS + offs, (dk * scale).to(dtype), mask=mask)
-    gl.store(GRADS + stride_gs + offs, dv.to(dtype), mask=mask)
+    if SPLIT_TAIL:
+        # One query chunk of a tail key block: its float32 share, added to the block's slot of TAIL
+        # (tail blocks, dK / dV, 2 * KEYS keys, D), which _tail_grads_kernel rounds into GRADS.
+        rows = (keys - key_start + W * KEYS).to(gl.int64) + tail_index.to(gl.int64) * (4 * KEYS)
+        t_offs = rows[:, None] * HEAD_DIM + cols[None, :]
+        gl.atomic_add(TAIL + t_offs, dk * scale, mask=mask, sem="relaxed")
+        gl.atomic_add(TAIL + 2 * KEYS * HEAD_DIM + t_offs, dv, mask=mask, sem="relaxed")
+    else:
+        gl.store(GRADS + offs, (dk * scale).to(dtype), mask=mask)
+        gl.store(GRADS + stride_gs + offs, dv.to(dtype), mask=mask)
 
 
 @gluon.jit
 def _dkdv_kernel(
-    q_desc, k_desc, v_desc, do_desc, LSE, DELTA, GRADS, dq_desc, scale, qk_scale,
-    stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk,
+    q_desc, k_desc, v_desc, do_desc, LSE, DELTA, GRADS, dq_desc, TAIL, scale, qk_scale,
+    stride_gs, stride_gb, stride_gh, stride_gl, H, Lq, Lk, first_block, split,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
     REGS: gl.constexpr = 240, FUSED_DQ: gl.constexpr = False, DS_LAYOUT: gl.constexpr = None,
-    DQ_STAGES: gl.constexpr = 1, DEFER: gl.constexpr = False,
+    DQ_STAGES: gl.constexpr = 1, DEFER: gl.constexpr = False, SPLIT_TAIL: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # one warpgroup's keys: ROWS
@@ -341,6 +352,17 @@ def _dkdv_kernel(
     n_k = gl.cdiv(Lk, BLOCK_N)
     pid = gl.program_id(0)
     n_tiles = gl.cdiv(Lq, BLOCK_M)
+    first_tile = 0
+    last_tile = n_tiles
+    tail_index = -1
+    if SPLIT_TAIL:
+        # A launch of the tail's query chunks (``tail_split``): key block ``first_block + pid // split``
+        # over chunk ``pid % split`` of the query tiles.
+        tail_index = pid // split
+        chunk = pid % split
+        pid = first_block + tail_index
+        first_tile = chunk * n_tiles // split
+        last_tile = (chunk + 1) * n_tiles // split
     if CAUSAL:
         # Heaviest first: the first key block of every head (it meets every query), then the next; a
         # block's queries start at its first key's tile.
@@ -351,7 +373,6 @@ def _dkdv_kernel(
     else:
         pid_bh = pid // n_k
         key_start = (pid % n_k) * BLOCK_N
-        first_tile = 0
     b = pid_bh // H
     h = pid_bh % H
 
@@ -393,19 +414,76 @@ def _dkdv_kernel(
         [
             (_dkdv_compute, (k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars,
                              GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h, key_start, Lk,
-                             first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_0, dq_desc, CAUSAL, FUSED_DQ, 0,
-                             DEFER)),
+                             first_tile, last_tile, ds_bufs, ds_ready, ds_free, dq_0, dq_desc, TAIL, tail_index,
+                             CAUSAL, FUSED_DQ, 0, DEFER, SPLIT_TAIL)),
             (_dkdv_compute, (k_bufs, v_bufs, kv_bars, q_bufs, do_bufs, lse_bufs, delta_bufs, ready_bars, empty_bars,
                              GRADS, scale, qk_scale, stride_gs, stride_gb, stride_gh, stride_gl, b, h,
-                             key_start + KEYS, Lk, first_tile, n_tiles, ds_bufs, ds_ready, ds_free, dq_1, dq_desc,
-                             CAUSAL, FUSED_DQ, 1, DEFER)),
+                             key_start + KEYS, Lk, first_tile, last_tile, ds_bufs, ds_ready, ds_free, dq_1, dq_desc,
+                             TAIL, tail_index, CAUSAL, FUSED_DQ, 1, DEFER, SPLIT_TAIL)),
             (_dkdv_load, (q_desc, do_desc, k_desc, v_desc, k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs,
-                          kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile, n_tiles,
-                          BLOCK_M, STAGES)),
+                          kv_bars, ready_bars, empty_bars, LSE, DELTA, stats, b, h, key_start, Lq, first_tile,
+                          last_tile, BLOCK_M, STAGES)),
         ],
         [4, 1],
         [REGS, 24],
     )  # fmt: skip
+
+
+# --- the split tail: the last wave's key blocks in query chunks ----------------------------------
+
+
+@triton.jit
+def _tail_grads_kernel(TAIL, GRADS, whole_programs, n_k, H, Lk, stride_gs, stride_gb, stride_gh, stride_gl,
+                       BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Tail block ``program_id(0)``'s summed float32 dK (``program_id(1)`` 0) or dV (1), rounded into
+    its rows of GRADS."""
+    t = tl.program_id(0)
+    g = tl.program_id(1)
+    block = whole_programs + t
+    pid_bh = block // n_k
+    keys = (block % n_k) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, HEAD_DIM)
+    rows = (t * 2 + g) * BLOCK_N + tl.arange(0, BLOCK_N)
+    x = tl.load(TAIL + rows.to(tl.int64)[:, None] * HEAD_DIM + cols[None, :])
+    b = pid_bh // H
+    h = pid_bh % H
+    offs = g * stride_gs + b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh
+    offs = offs + keys.to(tl.int64)[:, None] * stride_gl + cols[None, :]
+    tl.store(GRADS + offs, x.to(GRADS.dtype.element_ty), mask=(keys < Lk)[:, None])
+
+
+# A tail block is split only where it has this many query tiles (below, a chunk's fixed cost --
+# loading its keys, its float32 sums -- outweighs what it saves), into at most TAIL_MAX_SPLIT chunks.
+TAIL_MIN_TILES = 16
+TAIL_MAX_SPLIT = 8
+
+
+def tail_split(programs: int, sms: int, n_tiles: int) -> tuple[int, int]:
+    """(tail blocks, split) for a non-causal fused launch of ``programs`` key blocks on ``sms`` SMs
+    (one program an SM), each over ``n_tiles`` query tiles: the last wave's blocks, where they fill at
+    most half the SMs, each run as ``split`` programs over a chunk of the query tiles, so that the
+    wave takes a fraction of a block's time instead of a whole one. (0, 1): no split."""
+    tail = programs % sms
+    if tail == 0 or tail > sms // 2 or n_tiles < TAIL_MIN_TILES:
+        return 0, 1
+    split = min(sms // tail, TAIL_MAX_SPLIT)
+    return (tail, split) if split > 1 else (0, 1)
+
+
+def round_tail_sums(tail_sums, grads, whole_programs: int, n_k: int) -> None:
+    """The tail blocks' float32 dK, dV sums ``tail_sums`` (tail blocks, 2, BLOCK_N, D) into their
+    rows of ``grads`` (2, B, H, Lk, D, unit stride along D); block t is program ``whole_programs + t``
+    of a grid of ``n_k`` key blocks a head."""
+    n_tail, _, block_n, D = tail_sums.shape
+    _, _, H, Lk, _ = grads.shape
+    launch(
+        _TAIL_LAUNCHES,
+        _tail_grads_kernel,
+        (n_tail, 2),
+        (tail_sums, grads),
+        (whole_programs, n_k, H, Lk, *grads.stride()[:4]),
+        {"BLOCK_N": block_n, "HEAD_DIM": D, "num_warps": 4},
+    )
 
 
 # (BLOCK_M: the query tile, STAGES, REGS: the registers a thread of the second MMA warpgroup asks
@@ -432,6 +510,7 @@ DEFER_DQ = True
 
 
 _LAUNCHES = LaunchCache(first_launch)
+_TAIL_LAUNCHES = LaunchCache(first_launch)
 
 
 def launch_config(
@@ -482,6 +561,7 @@ def dkdv(
     dq=None,
     dq_stages: int | None = None,
     defer: bool | None = None,
+    tail: tuple[int, int] | None = None,
 ) -> None:
     """dK and dV into ``grads`` (2, B, H, Lk, D) for inputs ``forward_hopper`` takes (D in CONFIGS);
     ``lse`` is the forward's and ``delta`` Δ, both (B, H, Lq) float32 and contiguous; ``causal``
@@ -491,34 +571,64 @@ def dkdv(
     products issued a tile late (see ``_fused_tile``; by default ``DEFER_DQ`` at 2 ring stages, the
     only count it builds with).
     ``config`` (BLOCK_M, STAGES, REGS) and ``dq_stages`` override ``CONFIGS[D]``, or with ``dq``
-    ``FUSED_CONFIGS[D]``."""
+    ``FUSED_CONFIGS[D]``. ``tail`` (tail blocks, split) overrides ``tail_split``'s choice for a
+    non-causal fused launch: the last blocks' dK, dV then sum in float32 across their query chunks
+    (in no fixed order, as dQ's)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     fused = dq is not None
     block_m, stages, regs, dq_stages = launch_config(D, fused, config, dq_stages)
     defer = fused and _deferred(defer, stages)
-    launch(
-        _LAUNCHES,
-        _dkdv_kernel,
-        (cdiv(Lk, ROWS * WARPGROUPS) * B * H,),
-        (
-            descriptor(q, block_m),
-            descriptor(k, ROWS),
-            descriptor(v, ROWS),
-            descriptor(do, block_m),
-            lse,
-            delta,
-            grads,
-            descriptor(dq, block_m) if fused else None,
-        ),
-        (float(scale), float(scale * LOG2E), *grads.stride()[:4], H, Lq, Lk),
-        {
-            "HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
-            "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), q.dtype) if fused else None,
-            "DQ_STAGES": dq_stages, "DEFER": defer, "num_warps": 4,
-        },
-        key_tensors=(q, k, v, do, grads),
+    n_k = cdiv(Lk, ROWS * WARPGROUPS)
+    programs = n_k * B * H
+    if tail is not None and (causal or not fused):
+        raise ValueError("tail: only a non-causal fused launch (with dq) splits its last key blocks")
+    n_tail, split = (
+        (0, 1) if causal or not fused else tail or tail_split(programs, sm_count(q.device), cdiv(Lq, block_m))
+    )
+    if not (0 <= n_tail <= programs and split >= 1):
+        raise ValueError(f"tail: expected (blocks in 0..{programs}, split >= 1), got {tail}")
+    whole = programs - n_tail
+    tail_sums = None
+    if n_tail:
+        tail_sums = torch.zeros((n_tail, 2, ROWS * WARPGROUPS, D), dtype=torch.float32, device=q.device)
+    tensors = (
+        descriptor(q, block_m), descriptor(k, ROWS), descriptor(v, ROWS), descriptor(do, block_m), lse, delta, grads,
+        descriptor(dq, block_m) if fused else None,
     )  # fmt: skip
+    scalars = (float(scale), float(scale * LOG2E), *grads.stride()[:4], H, Lq, Lk)
+    constexprs = {
+        "HEAD_DIM": D, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs, "FUSED_DQ": fused,
+        "DS_LAYOUT": shared_layout((ROWS, block_m), q.dtype) if fused else None, "DQ_STAGES": dq_stages,
+        "num_warps": 4,
+    }  # fmt: skip
+    # The whole blocks, then the tail's chunks in a launch of their own: with its dQ products issued
+    # immediately, as ptxas of Triton 3.6 crashes on the deferred kernel with runtime tile bounds.
+    launches = [(whole, None, 0, 1, defer), (n_tail * split, tail_sums, whole, split, False)]
+    for grid, sums, first_block, chunks, deferred in launches:
+        if grid:
+            launch(
+                _LAUNCHES,
+                _dkdv_kernel,
+                (grid,),
+                (*tensors, sums),
+                (*scalars, first_block, chunks),
+                {**constexprs, "DEFER": deferred, "SPLIT_TAIL": sums is not None},
+                key_tensors=(q, k, v, do, grads, sums),
+            )
+    if n_tail:
+        round_tail_sums(tail_sums, grads, whole, n_k)
 
 
-__all__ = ["CONFIGS", "DEFER_DQ", "FUSED_CONFIGS", "config_string", "dkdv", "launch_config"]
+__all__ = [
+    "CONFIGS",
+    "DEFER_DQ",
+    "FUSED_CONFIGS",
+    "TAIL_MAX_SPLIT",
+    "TAIL_MIN_TILES",
+    "config_string",
+    "dkdv",
+    "launch_config",
+    "round_tail_sums",
+    "tail_split",
+]

@@ -14,10 +14,14 @@ from tritonlab.attention.backward_hopper import (
     CONFIGS,
     DEFER_DQ,
     FUSED_CONFIGS,
+    TAIL_MAX_SPLIT,
+    TAIL_MIN_TILES,
     _deferred,
     config_string,
     dkdv,
     launch_config,
+    round_tail_sums,
+    tail_split,
 )
 from tritonlab.attention.flash2 import flash_forward
 from tritonlab.attention.forward import GLUON_FROM_LK
@@ -40,25 +44,29 @@ from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report
 
 results = {}
-for d, causal, fused, defer in [(d, c, f, df) for d in CONFIGS for c in (False, True) for f in (False, True)
-                                for df in ((False, True) if f else (False,)) if d in FUSED_CONFIGS or not f]:
+variants = [(d, c, f, df, False) for d in CONFIGS for c in (False, True) for f in (False, True)
+            for df in ((False, True) if f else (False,)) if d in FUSED_CONFIGS or not f]
+variants += [(64, False, True, False, True)]  # the split tail: non-causal, fused, immediate dQ
+for d, causal, fused, defer, split in variants:
     block_m, stages, regs, *dq_stages = FUSED_CONFIGS[d] if fused else CONFIGS[d]
     sig = {"q_desc": desc(block_m, d), "k_desc": desc(ROWS, d), "v_desc": desc(ROWS, d), "do_desc": desc(block_m, d),
            "LSE": "*fp32", "DELTA": "*fp32", "GRADS": "*bf16",
-           "dq_desc": desc(block_m, d, "fp32") if fused else "constexpr",
+           "dq_desc": desc(block_m, d, "fp32") if fused else "constexpr", "TAIL": "*fp32" if split else "constexpr",
            "scale": "fp32", "qk_scale": "fp32",
            "stride_gs": "i64", "stride_gb": "i32", "stride_gh": "i32", "stride_gl": "i32", "H": "i32", "Lq": "i32",
-           "Lk": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "STAGES": "constexpr",
+           "Lk": "i32", "first_block": "i32", "split": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "STAGES": "constexpr",
            "CAUSAL": "constexpr", "REGS": "constexpr", "FUSED_DQ": "constexpr", "DS_LAYOUT": "constexpr",
-           "DQ_STAGES": "constexpr", "DEFER": "constexpr"}
+           "DQ_STAGES": "constexpr", "DEFER": "constexpr", "SPLIT_TAIL": "constexpr"}
     consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "STAGES": stages, "CAUSAL": causal, "REGS": regs,
               "FUSED_DQ": fused, "DS_LAYOUT": shared_layout((ROWS, block_m), torch.bfloat16) if fused else None,
-              "DQ_STAGES": dq_stages[0] if fused else 1, "DEFER": defer}
+              "DQ_STAGES": dq_stages[0] if fused else 1, "DEFER": defer, "SPLIT_TAIL": split}
     if not fused:
         consts["dq_desc"] = None
+    if not split:
+        consts["TAIL"] = None
     out = triton.compile(GluonASTSource(_dkdv_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4})
-    results[f"{d}-{causal}" + ("-fused" if fused else "") + ("-defer" if defer else "")] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
+    results[f"{d}-{causal}" + ("-fused" if fused else "") + ("-defer" if defer else "") + ("-split" if split else "")] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
                   **ptxas_report(out.asm["ptx"], "sm_90a")}
 print(json.dumps(results))
 """
@@ -70,7 +78,7 @@ def test_the_sm90a_build_fits_hopper():
     # The fused kernel has a config at D = 64 only (at 128 callers take the two-pass backward).
     assert set(results) == {f"{d}-{c}" for d in (64, 128) for c in (False, True)} | {
         f"64-{c}-fused{df}" for c in (False, True) for df in ("", "-defer")
-    }
+    } | {"64-False-fused-split"}
     for key, r in results.items():
         # Two MMA warpgroups and a load warp, padded to whole warpgroups: 12 warps.
         assert r["warps"] == 12, (key, r)
@@ -181,3 +189,78 @@ def test_the_launch_takes_the_fused_configs_staging_tiles():
         assert launch_config(d, fused=True, dq_stages=1)[3] == 1
         assert launch_config(d, fused=True, config=(32, 3, 168)) == (32, 3, 168, dq_stages)
         assert launch_config(d, fused=False) == (*CONFIGS[d], 1)
+
+
+def test_tail_split_spreads_a_thin_last_wave():
+    """The last wave's key blocks are split only where they fill at most half the SMs and have
+    TAIL_MIN_TILES query tiles, into as many chunks as the SMs allow, at most TAIL_MAX_SPLIT."""
+    assert tail_split(2528, 132, 172) == (20, 6)  # mid: 79 key blocks x 32 heads, 172 query tiles
+    assert tail_split(12504, 132, 3204) == (0, 1)  # large: the last wave is 96 of 132 SMs
+    assert tail_split(2640, 132, 172) == (0, 1)  # whole waves
+    assert tail_split(2528, 132, TAIL_MIN_TILES - 1) == (0, 1)
+    assert tail_split(3, 132, 64) == (3, TAIL_MAX_SPLIT)  # a grid below one wave
+    assert tail_split(133, 132, 64) == (1, TAIL_MAX_SPLIT)
+    assert tail_split(66 + 132, 132, 64) == (66, 2)
+    assert tail_split(67 + 132, 132, 64) == (0, 1)
+
+
+def test_round_tail_sums_writes_only_the_tail_rows():
+    """The tail blocks' float32 sums land, rounded, in their (head, key) rows of strided grads -- a
+    ragged last block masked at Lk -- and nothing else changes (interpreter or GPU)."""
+    B, H, Lk, D, block_n = 2, 3, 300, 64, 128
+    n_k = -(-Lk // block_n)  # 3 key blocks a head, the last 44 keys long
+    whole, n_tail = 2, 4  # blocks 2..5: head 0's last, head 1's three
+    storage = torch.full((2, B, Lk, H, D + 8), 7.0, dtype=torch.bfloat16, device=DEVICE)
+    grads = storage[..., :D].permute(0, 1, 3, 2, 4)  # (2, B, H, Lk, D), the model's layout
+    sums = torch.randn(n_tail, 2, block_n, D, device=DEVICE)
+    before = storage.clone()
+    round_tail_sums(sums, grads, whole, n_k)
+    want = before[..., :D].permute(0, 1, 3, 2, 4).clone()
+    for t in range(n_tail):
+        bh, kb = divmod(whole + t, n_k)
+        keys = slice(kb * block_n, min((kb + 1) * block_n, Lk))
+        n = keys.stop - keys.start
+        want[:, bh // H, bh % H, keys] = sums[t, :, :n].to(torch.bfloat16)
+    # (the interpreter rounds float32 to bfloat16 toward zero: within one unit in the last place)
+    torch.testing.assert_close(grads.float(), want.float(), rtol=2**-7, atol=0)
+    written = want != before[..., :D].permute(0, 1, 3, 2, 4)
+    assert torch.equal(grads[~written], want[~written])
+    assert torch.equal(storage[..., D:], before[..., D:])
+
+
+def test_tail_is_refused_where_it_does_not_apply():
+    t = torch.zeros(1, 1, 64, 64, dtype=torch.bfloat16)
+    for kwargs in ({"causal": True, "dq": t.float()}, {}):
+        with pytest.raises(ValueError, match="tail: only a non-causal fused launch"):
+            dkdv(t, t, t, t[..., 0].float(), t, t[..., 0].float(), torch.empty(2, 1, 1, 64, 64), 0.125,
+                 tail=(1, 2), **kwargs)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize(("BH", "Lq", "Lk", "tail"), [
+    (3, 1100, 1000, (5, 4)),  # part of the heads' blocks, query chunks of 4-5 tiles
+    (2, 257, 1017, (16, 3)),  # every block split; 5 query tiles in 3 chunks
+    (2, 1000, 999, (1, 8)),  # the ragged last block alone, 16 tiles in 8 chunks
+    (1, 64, 300, (3, 2)),  # one query tile: a chunk with no tiles adds zeros
+])  # fmt: skip
+def test_split_tail_matches_float64(BH, Lq, Lk, tail):
+    """dkdv(tail=...): the fused backward with its last key blocks run as query chunks whose dK, dV
+    add up in float32 -- against float64, and the same as without the split to float32 rounding."""
+    D = 64
+    q, k, v, do = (torch.randn(BH, n, D, device="cuda", dtype=torch.bfloat16) for n in (Lq, Lk, Lk, Lq))
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    reference_attention(*ref)[0].backward(do.double())
+    o, lse = flash_forward(q, k, v, False)
+    delta = backward_delta(o, do)
+    heads = [t.unsqueeze(1) for t in (q, k, v, lse, do, delta)]
+    got = {}
+    for split in (tail, (0, 1)):
+        grads = torch.full((2, BH, 1, Lk, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+        dq = torch.zeros((BH, 1, Lq, D), dtype=torch.float32, device="cuda")
+        dkdv(*heads, grads, D**-0.5, dq=dq, tail=split)
+        got[split] = (dq[:, 0], grads[0, :, 0], grads[1, :, 0])
+    for name, split_, whole, want in zip("qkv", got[tail], got[(0, 1)], ref, strict=True):
+        assert torch.isfinite(split_).all(), name
+        assert rel_err(split_, want.grad) < 1e-2, name
+        assert rel_err(split_, whole) < 1e-2, name
