@@ -95,9 +95,18 @@ def _triton_components(attention: str) -> Components:
         # the heads keeping their pre-activation (phase 07's grouped-save: 4.05 against 4.84 ms at
         # small, for 880 MB).
         heads = functools.partial(gmm_heads, save_preactivation=True)
-        return Components(attention=attn.fused_attention, mlp=padded_cublas_mlp, heads=heads, loss=gmm_nll)
+        return Components(
+            attention=attn.fused_attention,
+            attention_kv=attn.fused_attention_kv,
+            mlp=padded_cublas_mlp,
+            heads=heads,
+            loss=gmm_nll,
+        )
     fn = {"separate": attn.attention, "fused": attn.fused_attention, "mixed": mixed, "fp8": fp8}[attention]
-    return Components(attention=fn, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
+    # The fused attention takes K and V packed as W_KV projects them (no copy interleaving their
+    # gradients; tritonlab.attention.fused_attention_kv).
+    packed = attn.fused_attention_kv if attention == "fused" else None
+    return Components(attention=fn, attention_kv=packed, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
 
 
 def components(variant: str) -> Components:

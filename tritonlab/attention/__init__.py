@@ -4,6 +4,7 @@
     o = attention(q, k, v)                       # differentiable; deterministic two-pass backward
     o = fused_attention(q, k, v)                 # differentiable; fused backward (dQ by TMA
                                                  # reductions on Hopper; deterministic=True: none)
+    o = fused_attention_kv(q, kv)                # the same, K and V packed (B, Lk, 2, H, D)
     o = fp8_attention(q, k, v)                   # e4m3 forward (Hopper), bf16 backward; fp8.py
     o = FlashAttentionTriton.apply(q, k, v, is_causal)    # q (B, Nq, D); causal or not
     o = FlashAttentionPyTorch.apply(q, k, v, is_causal)   # the same algorithm in plain PyTorch
@@ -39,7 +40,7 @@ from .flash2 import FlashAttentionTriton, TileConfig
 from .flash_pytorch import FlashAttentionPyTorch
 from .forward import IMPLS, attention_forward
 from .fp8 import fp8_attention, fp8_attention_forward, supports_fp8
-from .fused import fused_attention
+from .fused import fused_attention, fused_attention_kv
 from .reference import attention_flops, causal_mask, naive_attention, reference_attention
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "fp8_attention",
     "fp8_attention_forward",
     "fused_attention",
+    "fused_attention_kv",
     "naive_attention",
     "reference_attention",
     "supports_fp8",

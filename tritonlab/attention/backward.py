@@ -377,13 +377,32 @@ def _like_q_layout(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.T
 
 
 def _key_grad_buffers(k: torch.Tensor, n_chunks: int):
-    """dK and dV, and -- with several query chunks -- the fp32 partials the dK/dV kernel writes."""
+    """dK and dV (2, B, H, Lk, D), and -- with several query chunks -- the fp32 partials the dK/dV
+    kernel writes. They are stored as the model's packed K/V projection, (B, Lk, 2, H, D), so the
+    packed op's gradient (``_packed``) is this very buffer."""
     B, H, Lk, D = k.shape
-    grads = torch.empty((2, B, Lk, H, D), dtype=k.dtype, device=k.device).transpose(2, 3)
+    grads = torch.empty((B, Lk, 2, H, D), dtype=k.dtype, device=k.device).permute(2, 0, 3, 1, 4)
     if n_chunks == 1:
         return grads, grads.unsqueeze(0)  # one chunk: the kernel writes the gradients themselves
     partials = torch.empty((n_chunks, 2, B, H, Lk, D), dtype=torch.float32, device=k.device)
     return grads, partials
+
+
+def _split_kv(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v (B, H, Lk, D), views of a packed (B, Lk, 2, H, D) K/V projection."""
+    return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+
+
+def _packed(grads: torch.Tensor) -> torch.Tensor:
+    """The (B, Lk, 2, H, D) gradient of a packed K/V from ``_key_grad_buffers``' dK and dV: a view."""
+    return grads.permute(1, 3, 0, 2, 4)
+
+
+def check_kv(kv) -> None:
+    """kv: a packed (B, Lk, 2, H, D) tensor, else a ``ValueError`` naming it."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
+        got = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
+        raise ValueError(f"kv: expected K and V packed as (B, Lk, 2, H, D), got {got}")
 
 
 def _reduce_key_grads(partials: torch.Tensor, grads: torch.Tensor) -> None:
@@ -495,6 +514,24 @@ class _AttentionFunction(torch.autograd.Function):
         return dq, dkv[0], dkv[1], None, None, None
 
 
+class _PackedAttentionFunction(torch.autograd.Function):
+    """``_AttentionFunction`` over K and V packed as the model projects them, (B, Lk, 2, H, D): their
+    gradient is the backward's dK/dV buffer itself, with no copy interleaving the two."""
+
+    @staticmethod
+    def forward(ctx, q, kv, scale, backward_fn, record):
+        ctx.scale, ctx.backward_fn, ctx.record = scale, backward_fn, record
+        o, lse = _checked_forward(q, *_split_kv(kv), scale, record=record)
+        ctx.save_for_backward(q, kv, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, kv, o, lse = ctx.saved_tensors
+        dq, dkv = ctx.backward_fn(q, *_split_kv(kv), o, lse, do, ctx.scale, ctx.record)
+        return dq, _packed(dkv), None, None, None
+
+
 # --- custom ops: the same launches, opaque to torch.compile ----------------------------------------
 
 
@@ -546,6 +583,46 @@ def _attention_ops(name: str, backward_fn, forward_fn=_checked_forward):
 _ATTENTION_FORWARD = _attention_ops("attention", _two_pass_backward)
 
 
+def _packed_attention_ops(name: str, backward_fn):
+    """``_attention_ops`` over a packed kv: ``tritonlab::{name}_forward(q, kv, scale)`` -> (o, lse) and
+    its backward -> (dQ, the packed dK/dV), one tensor as kv is."""
+
+    @torch.library.custom_op(f"tritonlab::{name}_forward", mutates_args=())
+    def forward_op(q: torch.Tensor, kv: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return _checked_forward(q, *_split_kv(kv), scale)
+
+    @forward_op.register_fake
+    def _(q, kv, scale):
+        return _forward_outputs(q)
+
+    @torch.library.custom_op(f"tritonlab::{name}_backward", mutates_args=())
+    def backward_op(
+        q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        dq, dkv = backward_fn(q, *_split_kv(kv), o, lse, do, scale)
+        return dq, _packed(dkv)
+
+    @backward_op.register_fake
+    def _(q, kv, o, lse, do, scale):
+        return _like_q_layout(q), _packed(_key_grad_buffers(_split_kv(kv)[0], n_chunks=1)[0])
+
+    def setup_context(ctx, inputs, output):
+        q, kv, scale = inputs
+        o, lse = output
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        ctx.scale = scale
+        ctx.save_for_backward(q, kv, o, lse)
+
+    def backward(ctx, do, _grad_lse):
+        q, kv, o, lse = ctx.saved_tensors
+        dq, dkv = backward_op(q, kv, o, lse, do, ctx.scale)
+        return dq, dkv, None
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+    return forward_op
+
+
 def _attend(q, k, v, scale, record, backward_fn, forward_op, name: str) -> torch.Tensor:
     """Check the inputs, then run ``_AttentionFunction`` with ``backward_fn`` -- or, while
     torch.compile traces, ``forward_op``, the custom op registered with that same backward."""
@@ -556,6 +633,17 @@ def _attend(q, k, v, scale, record, backward_fn, forward_op, name: str) -> torch
         return forward_op(q, k, v, scale)[0]
     # Eager: the autograd function directly, without the custom op dispatcher's host time per call.
     return _AttentionFunction.apply(q, k, v, scale, backward_fn, record)
+
+
+def _attend_kv(q, kv, scale, record, backward_fn, forward_op, name: str) -> torch.Tensor:
+    """``_attend`` over a packed kv (``_PackedAttentionFunction``, or ``forward_op`` under compile)."""
+    check_kv(kv)
+    check_qkv(q, *_split_kv(kv), ndim=4)
+    scale = softmax_scale(q.shape[-1], scale)
+    if torch.compiler.is_compiling():
+        refuse_record_under_compile(record, name)
+        return forward_op(q, kv, scale)[0]
+    return _PackedAttentionFunction.apply(q, kv, scale, backward_fn, record)
 
 
 # Public signature as fused_attention's (attention_forward's adds impl): only what runs differs.

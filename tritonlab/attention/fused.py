@@ -66,12 +66,14 @@ from ._common import (
 )
 from .backward import (
     _attend,
+    _attend_kv,
     _attention_ops,
     _dkdv_tile,
     _dq_row_block,
     _key_grad_buffers,
     _like_q_layout,
     _load_lse2,
+    _packed_attention_ops,
     _plan_query_chunks,
     _query_chunk,
     _reduce_key_grads,
@@ -372,6 +374,10 @@ _FUSED_ATTENTION_FORWARD = _attention_ops("fused_attention", _fused_backward)
 _DETERMINISTIC_FUSED_ATTENTION_FORWARD = _attention_ops(
     "deterministic_fused_attention", _deterministic_fused_backward
 )
+_FUSED_ATTENTION_KV_FORWARD = _packed_attention_ops("fused_attention_kv", _fused_backward)
+_DETERMINISTIC_FUSED_ATTENTION_KV_FORWARD = _packed_attention_ops(
+    "deterministic_fused_attention_kv", _deterministic_fused_backward
+)
 
 
 # attention()'s public signature (backward.py) and ``deterministic``: only the backward differs.
@@ -400,4 +406,25 @@ def fused_attention(
     return _attend(q, k, v, scale, record, backward_fn, forward_op, "fused_attention")
 
 
-__all__ = ["fused_attention"]
+def fused_attention_kv(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    scale: float | None = None,
+    *,
+    deterministic: bool = False,
+    record: ConfigRecord | None = None,
+) -> torch.Tensor:
+    """``fused_attention`` with K and V packed as a model projects them: ``kv`` (B, Lk, 2, H, D), k =
+    kv[:, :, 0] and v = kv[:, :, 1] (transposed to (B, H, Lk, D)), e.g. ``w_kv(x).view(B, Lk, 2, H,
+    D)``. The same results; kv's gradient is the backward's dK/dV buffer itself, where separate k and
+    v leave autograd (or torch.compile) a copy that interleaves their gradients (0.65 ms a training
+    step of the TransformerNP at mid on the H100)."""
+    backward_fn, forward_op = (
+        (_deterministic_fused_backward, _DETERMINISTIC_FUSED_ATTENTION_KV_FORWARD)
+        if deterministic
+        else (_fused_backward, _FUSED_ATTENTION_KV_FORWARD)
+    )
+    return _attend_kv(q, kv, scale, record, backward_fn, forward_op, "fused_attention_kv")
+
+
+__all__ = ["fused_attention", "fused_attention_kv"]

@@ -91,6 +91,10 @@ class Components:
     mlp: Callable[[Tensor, Tensor, Tensor], Tensor] = mlp_eager
     heads: Callable[[Tensor, Tensor, Tensor], Tensor] = gmm_heads_loop
     loss: Callable[[Tensor, Tensor], Tensor] = gmm_nll
+    # The same attention over K and V packed as W_KV projects them, (B, M, 2, H, D), if there is one
+    # (``tritonlab.attention.fused_attention_kv``): the attention block then calls it instead, and
+    # the gradient reaches W_KV with no copy interleaving dK and dV.
+    attention_kv: Callable[[Tensor, Tensor], Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -148,18 +152,23 @@ class RectangularAttention(nn.Module):
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, h: Tensor, m_context: int) -> Tensor:
+        if self.components.attention_kv is not None:
+            return self.project_out(self.components.attention_kv(*self.project_packed(h, m_context)))
         return self.project_out(self.components.attention(*self.project_in(h, m_context)))
 
-    def project_in(self, h: Tensor, m_context: int) -> tuple[Tensor, Tensor, Tensor]:
-        """q (B, H, M+N, D) from every token, k and v (B, H, M, D) from the context tokens."""
+    def project_packed(self, h: Tensor, m_context: int) -> tuple[Tensor, Tensor]:
+        """q (B, H, M+N, D) from every token, K and V packed (B, M, 2, H, D) from the context tokens."""
         B, L, _ = h.shape
         H, D = self.cfg.n_heads, self.cfg.head_dim
         q = self.wq(h).view(B, L, H, D).transpose(1, 2)
         # Keys and values of the context tokens only: the same as projecting every token and
         # slicing K, V to [:, :, :M], without computing the N rows nobody reads.
-        kv = self.wkv(h[:, :m_context]).view(B, m_context, 2, H, D)
-        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-        return q, k, v
+        return q, self.wkv(h[:, :m_context]).view(B, m_context, 2, H, D)
+
+    def project_in(self, h: Tensor, m_context: int) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, M+N, D) from every token, k and v (B, H, M, D) from the context tokens."""
+        q, kv = self.project_packed(h, m_context)
+        return q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
 
     def project_out(self, o: Tensor) -> Tensor:
         """The attention output o (B, H, M+N, D) back to (B, M+N, d_model) through W_O."""

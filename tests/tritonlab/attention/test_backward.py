@@ -8,7 +8,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from tritonlab._runtime import kernel_device_type
-from tritonlab.attention import attention, fused_attention, reference_attention
+from tritonlab.attention import attention, fused_attention, fused_attention_kv, reference_attention
 from tritonlab.attention._common import backward_delta
 from tritonlab.attention.backward import _INTERPRETER_CONFIG, _plan_query_chunks
 from tritonlab.attention.fused import _drop_spilling
@@ -185,6 +185,62 @@ def test_custom_ops_fake_matches_real(prefix, custom_op_checks):
     o, lse = forward(q, k, v, 0.3)
     backward = getattr(torch.ops.tritonlab, f"{prefix}_backward")
     custom_op_checks(backward, q, k, v, o, lse, torch.randn_like(o), 0.3)
+
+
+def _packed_inputs(B, H, Lq, Lk, D, dtype, seed=0):
+    """q as the model's strided view and kv (B, Lk, 2, H, D), as W_KV projects it, with dO."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(B, Lq, H, D, generator=g, device=DEVICE).to(dtype).transpose(1, 2)
+    kv = torch.randn(B, Lk, 2, H, D, generator=g, device=DEVICE).to(dtype)
+    return q, kv, torch.randn(B, H, Lq, D, generator=g, device=DEVICE).to(dtype)
+
+
+def _split_attention(q, kv):
+    return reference_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2))[0]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize(
+    ("B", "H", "Lq", "Lk", "D", "dtype"),
+    [(1, 1, 1, 2, 16, torch.float32), (2, 3, 37, 100, 32, torch.float32), (1, 2, 257, 17, 64, torch.float16)],
+)
+def test_packed_kv_is_fused_attention_over_its_halves(B, H, Lq, Lk, D, dtype, deterministic):
+    """fused_attention_kv(q, kv): fused_attention's output and gradients, bit for bit where the backward
+    is deterministic -- kv's gradient holding dK and dV interleaved as kv holds K and V -- on poisoned
+    outputs, and within the fused tolerance of float64."""
+    q, kv, do = _packed_inputs(B, H, Lq, Lk, D, dtype)
+    q1, kv1 = (t.detach().requires_grad_() for t in (q, kv))
+    with poisoned_empty():
+        o = fused_attention_kv(q1, kv1, deterministic=deterministic)
+        dq, dkv = torch.autograd.grad(o, (q1, kv1), do)
+    q2, kv2 = (t.detach().requires_grad_() for t in (q, kv))
+    o2 = fused_attention(q2, kv2[:, :, 0].transpose(1, 2), kv2[:, :, 1].transpose(1, 2), deterministic=True)
+    dq2, dkv2 = torch.autograd.grad(o2, (q2, kv2), do)
+    assert dkv.shape == kv.shape and dkv.is_contiguous()
+    if deterministic:
+        for got, want in ((o, o2), (dq, dq2), (dkv, dkv2)):
+            assert torch.equal(got, want)
+    check_against_float64(
+        lambda q, kv: fused_attention_kv(q, kv, deterministic=deterministic), _split_attention, (q, kv), do,
+        TOLERANCE[dtype], ("o", "dq", "dkv"),
+    )  # fmt: skip
+
+
+def test_packed_kv_compiles_and_its_ops_fake_their_outputs(compiled_matches_eager, custom_op_checks):
+    q, kv, do = _packed_inputs(2, 3, 21, 13, 16, torch.float32)
+    compiled = compiled_matches_eager(fused_attention_kv, (q, kv), do, 1e-6)
+    check_against_float64(compiled, _split_attention, (q, kv), do, 1e-5, ("o", "dq", "dkv"))
+    forward = torch.ops.tritonlab.fused_attention_kv_forward
+    custom_op_checks(forward, q.detach().requires_grad_(), kv.detach().requires_grad_(), 0.3)
+    o, lse = forward(q, kv, 0.3)
+    custom_op_checks(torch.ops.tritonlab.fused_attention_kv_backward, q, kv, o, lse, do, 0.3)
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 1, 1, 16), (1, 5, 3, 1, 16), (5, 2, 1, 16)])
+def test_packed_kv_must_be_packed(shape):
+    q = torch.randn(1, 1, 4, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"kv: expected K and V packed as \(B, Lk, 2, H, D\)"):
+        fused_attention_kv(q, torch.randn(shape, device=DEVICE))
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)

@@ -1,6 +1,7 @@
 """tritonlab.models: the GMM loss, the rectangular attention, the model's shapes and gradients, training,
 and the model with our kernels under torch.compile (fullgraph) against eager."""
 
+import functools
 import math
 
 import pytest
@@ -102,9 +103,15 @@ def test_data_is_reproducible_and_shaped():
 
 
 def our_components(attention: str) -> baseline.Components:
-    """The model's four components as our kernels, as phase 12's custom variants build them."""
-    fn = {"separate": attn.attention, "fused": attn.fused_attention}[attention]
-    return baseline.Components(attention=fn, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll)
+    """The model's four components as our kernels, as phase 12's custom variants build them ("fused-kv":
+    the fused attention over the packed K/V projection, as phase 12's fused variants take it)."""
+    fn = {"separate": attn.attention, "fused": attn.fused_attention, "fused-kv": attn.fused_attention}[
+        attention
+    ]
+    packed = attn.fused_attention_kv if attention == "fused-kv" else None
+    return baseline.Components(
+        attention=fn, attention_kv=packed, mlp=fused_mlp, heads=gmm_heads, loss=gmm_nll
+    )
 
 
 def compiled_and_eager_loss(cfg, components, tasks, backend: str, dtype=None, checkpoint="none") -> list:
@@ -124,7 +131,7 @@ def compiled_and_eager_loss(cfg, components, tasks, backend: str, dtype=None, ch
     return results
 
 
-@pytest.mark.parametrize("attention", ["separate", "fused"])
+@pytest.mark.parametrize("attention", ["separate", "fused", "fused-kv"])
 def test_compiled_model_with_our_kernels_matches_eager(attention):
     (eager_loss, eager_grads), (loss, grads) = compiled_and_eager_loss(
         TINY, our_components(attention), make_tasks(), "aot_eager"
@@ -132,6 +139,24 @@ def test_compiled_model_with_our_kernels_matches_eager(attention):
     assert rel_err(loss, eager_loss) < 1e-5
     for name, g in grads.items():
         assert rel_err(g, eager_grads[name]) < 1e-4, name
+
+
+def test_packed_kv_attention_leaves_the_step_unchanged():
+    """attention_kv set: the attention block calls it on the packed K/V projection; loss and every
+    gradient are those of the same kernels over K and V apart (deterministic backward, eager)."""
+    fused = functools.partial(attn.fused_attention, deterministic=True)
+    packed = functools.partial(attn.fused_attention_kv, deterministic=True)
+    tasks, results = make_tasks(), []
+    for attention_kv in (None, packed):
+        components = baseline.Components(attention=fused, attention_kv=attention_kv)
+        model, _ = baseline.build(TINY, components, seed=0, device=tasks.xc.device)
+        loss = model.loss(*tasks)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss_apart, grads_apart), (loss_packed, grads_packed) = results
+    assert torch.equal(loss_packed, loss_apart)
+    for name, g in grads_packed.items():
+        assert torch.equal(g, grads_apart[name]), name
 
 
 @pytest.mark.parametrize("checkpoint", ["block", "selective", "mlp"])

@@ -35,9 +35,10 @@ def padded_heads(z, w1, w2):
 
 def components(variant: str) -> Components:
     """Phase 12's variants; a custom one may end in ``:padmlp`` (the MLP as cuBLAS GEMMs on padded
-    weights, phase 06's padded-cublas), ``:padheads`` (the head loop on padded weights) and
-    ``:savepreact`` (our heads keeping their pre-activation). Phase 12's ``custom-bf16-padded`` is
-    ``custom-bf16-fused:padmlp:savepreact``."""
+    weights, phase 06's padded-cublas), ``:padheads`` (the head loop on padded weights),
+    ``:savepreact`` (our heads keeping their pre-activation) and ``:kv`` (the fused attention over the
+    packed K/V projection, ``fused_attention_kv``). Phase 12's ``custom-bf16-padded`` is
+    ``custom-bf16-fused:padmlp:savepreact:kv``."""
     base, *options = variant.removeprefix("compile+").split(":")
     if base.startswith("sdpa-"):
         return Components(attention=sdpa_attention(base.removeprefix("sdpa-")))
@@ -46,7 +47,8 @@ def components(variant: str) -> Components:
     mlp = padded_cublas_mlp if "padmlp" in options else fused_mlp
     heads = functools.partial(gmm_heads, save_preactivation=True) if "savepreact" in options else gmm_heads
     heads = padded_heads if "padheads" in options else heads
-    return Components(attention=fn, mlp=mlp, heads=heads, loss=gmm_nll)
+    packed = attn.fused_attention_kv if "kv" in options and kind == "fused" else None
+    return Components(attention=fn, attention_kv=packed, mlp=mlp, heads=heads, loss=gmm_nll)
 
 
 def idle_gaps(kernels, least_us: float = 5.0) -> list:
