@@ -184,6 +184,26 @@ _DELTA_LAUNCHES = LaunchCache(first_launch)
 # --- tuning: keys, timing, and config spaces that fit the GPU ------------------------------------
 
 
+# A tail block is split only where it has this many tiles (below, a chunk's fixed cost -- its
+# operands loaded again, its float32 share combined -- outweighs what it saves), into at most
+# TAIL_MAX_SPLIT chunks.
+TAIL_MIN_TILES = 16
+TAIL_MAX_SPLIT = 8
+
+
+def tail_split(programs: int, sms: int, n_tiles: int) -> tuple[int, int]:
+    """(tail blocks, split) for a launch of ``programs`` equal blocks of work on ``sms`` SMs (one
+    program an SM), each a loop over ``n_tiles`` tiles: the last wave's blocks, where they fill at
+    most half the SMs, each run as ``split`` programs over a chunk of the tiles (the Gluon backward's
+    query tiles, the Gluon forward's key tiles), so that the wave takes a fraction of a block's time
+    instead of a whole one. (0, 1): no split."""
+    tail = programs % sms
+    if tail == 0 or tail > sms // 2 or n_tiles < TAIL_MIN_TILES:
+        return 0, 1
+    split = min(sms // tail, TAIL_MAX_SPLIT)
+    return (tail, split) if split > 1 else (0, 1)
+
+
 def shape_bucket(n: int) -> int:
     """Autotuning is keyed on powers of 4, so nearby lengths share one tuned config."""
     return 4 ** max(math.ceil(math.log(max(n, 1), 4)), 0)

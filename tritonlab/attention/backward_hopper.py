@@ -51,7 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .._gluon import mma_layout, shared_layout
 from .._launch import LaunchCache, first_launch, launch
 from .._runtime import cdiv, sm_count
-from ._common import LOG2E
+from ._common import LOG2E, tail_split
 from .forward_hopper import descriptor
 
 ROWS = 64  # one warpgroup's MMA rows
@@ -452,24 +452,6 @@ def _tail_grads_kernel(TAIL, GRADS, whole_programs, n_k, H, Lk, stride_gs, strid
     tl.store(GRADS + offs, x.to(GRADS.dtype.element_ty), mask=(keys < Lk)[:, None])
 
 
-# A tail block is split only where it has this many query tiles (below, a chunk's fixed cost --
-# loading its keys, its float32 sums -- outweighs what it saves), into at most TAIL_MAX_SPLIT chunks.
-TAIL_MIN_TILES = 16
-TAIL_MAX_SPLIT = 8
-
-
-def tail_split(programs: int, sms: int, n_tiles: int) -> tuple[int, int]:
-    """(tail blocks, split) for a non-causal fused launch of ``programs`` key blocks on ``sms`` SMs
-    (one program an SM), each over ``n_tiles`` query tiles: the last wave's blocks, where they fill at
-    most half the SMs, each run as ``split`` programs over a chunk of the query tiles, so that the
-    wave takes a fraction of a block's time instead of a whole one. (0, 1): no split."""
-    tail = programs % sms
-    if tail == 0 or tail > sms // 2 or n_tiles < TAIL_MIN_TILES:
-        return 0, 1
-    split = min(sms // tail, TAIL_MAX_SPLIT)
-    return (tail, split) if split > 1 else (0, 1)
-
-
 def round_tail_sums(tail_sums, grads, whole_programs: int, n_k: int) -> None:
     """The tail blocks' float32 dK, dV sums ``tail_sums`` (tail blocks, 2, BLOCK_N, D) into their
     rows of ``grads`` (2, B, H, Lk, D, unit stride along D); block t is program ``whole_programs + t``
@@ -624,11 +606,8 @@ __all__ = [
     "CONFIGS",
     "DEFER_DQ",
     "FUSED_CONFIGS",
-    "TAIL_MAX_SPLIT",
-    "TAIL_MIN_TILES",
     "config_string",
     "dkdv",
     "launch_config",
     "round_tail_sums",
-    "tail_split",
 ]

@@ -38,6 +38,8 @@ everywhere else, and this one is tested on the GPU and built for sm_90a on the C
 """
 
 import torch
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -45,7 +47,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .._gluon import block_descriptor, mma_layout
 from .._launch import LaunchCache, first_launch, launch, tma_ok
-from .._runtime import INTERPRET, capability, cdiv
+from .._runtime import INTERPRET, capability, cdiv, sm_count
+from ._common import tail_split
 
 GLUON_HEAD_DIMS = (64, 128)
 ROWS_PER_WARPGROUP = 64
@@ -67,7 +70,7 @@ def load_q_tiles(q_desc, q_bufs, q_bars, b, h, row_start):
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
-                    row_start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+                    row_start, n_tiles, t0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
     load_q_tiles(q_desc, q_bufs, q_bars, b, h, row_start)
     for j in range(n_tiles):
         slot = j % STAGES
@@ -75,11 +78,11 @@ def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_ba
         mbarrier.wait(empty_bars.index(slot), ((j // STAGES) + 1) & 1, pred=j >= STAGES)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
-            k_desc, [b, h, j * BLOCK_N, 0], k_bars.index(slot), k_bufs.index(slot)
+            k_desc, [b, h, (t0 + j) * BLOCK_N, 0], k_bars.index(slot), k_bufs.index(slot)
         )
         mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
-            v_desc, [b, h, j * BLOCK_N, 0], v_bars.index(slot), v_bufs.index(slot)
+            v_desc, [b, h, (t0 + j) * BLOCK_N, 0], v_bars.index(slot), v_bufs.index(slot)
         )
 
 
@@ -94,7 +97,7 @@ def _masked(s, keys, rows, Lk, CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _softmax_tile(j, q, p, acc, m_i, l_i, k_bufs, v_bufs, k_bars, v_bars, empty_bars, qk_scale, s_row_idx, Lk,
-                  CAUSAL: gl.constexpr, masked):  # fmt: skip
+                  CAUSAL: gl.constexpr, masked, t0=0):  # fmt: skip
     """Ring tile ``j``: issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1}, waits for S_j, folds it into
     the online softmax (``masked``, a constant or a runtime flag: keys past Lk, and causal, to -inf
     first), then waits for the P V product, releases its slot and rescales O. Returns (P_j as the
@@ -122,7 +125,11 @@ def _softmax_tile(j, q, p, acc, m_i, l_i, k_bufs, v_bufs, k_bars, v_bars, empty_
     s = warpgroup_mma_wait(1, deps=[s_tok])
     if masked:
         s = _masked(
-            s, j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), s_row_idx, Lk, CAUSAL
+            s,
+            (t0 + j) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)),
+            s_row_idx,
+            Lk,
+            CAUSAL,
         )
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     p_new = gl.exp2(s * qk_scale - m_new[:, None])
@@ -136,8 +143,8 @@ def _softmax_tile(j, q, p, acc, m_i, l_i, k_bufs, v_bufs, k_bars, v_bars, empty_
 
 @gluon.jit
 def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE, qk_scale,
-                       stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles,
-                       CAUSAL: gl.constexpr):  # fmt: skip
+                       stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles, t0, PARTS,
+                       part_row, CAUSAL: gl.constexpr, SPLIT_KV: gl.constexpr):  # fmt: skip
     # One warpgroup's 64 query rows from row_start; the tile sizes come with the buffers' types.
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[3]
@@ -151,7 +158,7 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     q = q_smem.reshape([ROWS, HEAD_DIM])
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    cols = t0 * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_row_idx = row_start + gl.arange(0, ROWS, layout=s_rows)
     # Tiles reaching past this key are masked: past Lk, and causal, past this warpgroup's first row.
     mask_from = gl.minimum(Lk, row_start + 1) if CAUSAL else Lk
@@ -165,7 +172,7 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
         gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
         use_acc=False,
     )
-    if mask_from < BLOCK_N:
+    if mask_from < (t0 + 1) * BLOCK_N:
         s = _masked(s, cols, s_row_idx, Lk, CAUSAL)
     m_i = gl.max(s, 1) * qk_scale
     p = gl.exp2(s * qk_scale - m_i[:, None])
@@ -179,20 +186,30 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
     else:
         # The last tile, if Lk ends inside it, in a loop of its own: in the main loop ptxas applied
         # the mask to every tile (a compare and a select a score, 96 of 550 instructions at D = 64).
-        n_full = gl.maximum(Lk // BLOCK_N, 1)
+        n_full = gl.maximum(gl.minimum(Lk // BLOCK_N - t0, n_tiles), 1)
         for j in range(1, n_full):
             p, acc, m_i, l_i = _softmax_tile(j, q, p, acc, m_i, l_i, k_bufs, v_bufs, k_bars, v_bars, empty_bars,
-                                             qk_scale, s_row_idx, Lk, CAUSAL, False)  # fmt: skip
+                                             qk_scale, s_row_idx, Lk, CAUSAL, False, t0)  # fmt: skip
         for j in range(n_full, n_tiles):
             p, acc, m_i, l_i = _softmax_tile(j, q, p, acc, m_i, l_i, k_bufs, v_bufs, k_bars, v_bars, empty_bars,
-                                             qk_scale, s_row_idx, Lk, CAUSAL, True)  # fmt: skip
+                                             qk_scale, s_row_idx, Lk, CAUSAL, True, t0)  # fmt: skip
 
     last = (n_tiles - 1) % STAGES
     mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_DIM]), acc)
 
-    store_rows(acc / gl.convert_layout(l_i, o_rows)[:, None], m_i + gl.log2(l_i), O, LSE, stride_ob, stride_oh,
-               stride_ol, b, h, pid_bh, row_start, Lq)  # fmt: skip
+    if SPLIT_KV:
+        # A key chunk's share of its rows (``forward``'s tail): o normalised over the chunk and its
+        # base-2 logsumexp, in float32 at PARTS' rows from part_row, for _combine_parts_kernel.
+        o_rows_idx = part_row + gl.arange(0, ROWS, layout=o_rows)
+        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_part = acc / gl.convert_layout(l_i, o_rows)[:, None]
+        gl.store(PARTS + o_rows_idx.to(gl.int64)[:, None] * (HEAD_DIM + 1) + o_cols[None, :], o_part)
+        lse_rows = part_row + gl.arange(0, ROWS, layout=s_rows)
+        gl.store(PARTS + lse_rows.to(gl.int64) * (HEAD_DIM + 1) + HEAD_DIM, m_i + gl.log2(l_i))
+    else:
+        store_rows(acc / gl.convert_layout(l_i, o_rows)[:, None], m_i + gl.log2(l_i), O, LSE, stride_ob, stride_oh,
+                   stride_ol, b, h, pid_bh, row_start, Lq)  # fmt: skip
 
 
 @gluon.jit
@@ -234,10 +251,11 @@ def ring_barriers(NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
 
 @gluon.jit
 def _attn_fwd_hopper_kernel(
-    q_desc, k_desc, v_desc, O, LSE, qk_scale,
+    q_desc, k_desc, v_desc, O, LSE, PARTS, qk_scale,
     stride_ob, stride_oh, stride_ol,
-    H, Lq, Lk,
+    H, Lq, Lk, first_block, split,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr = False,
+    SPLIT_KV: gl.constexpr = False,
 ):  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[2]  # one warpgroup's rows: ROWS_PER_WARPGROUP
     NUM_CONSUMERS: gl.constexpr = 3  # the three softmax partitions below: SOFTMAX_WARPGROUPS
@@ -245,6 +263,16 @@ def _attn_fwd_hopper_kernel(
     dtype: gl.constexpr = q_desc.dtype
     n_m = gl.cdiv(Lq, BLOCK_M)
     pid = gl.program_id(0)
+    t0 = 0
+    part_row = 0
+    if SPLIT_KV:
+        # A launch of the tail's key chunks: query block ``first_block + pid // split`` over key chunk
+        # ``pid % split``; its rows' shares go to PARTS from row pid * BLOCK_M.
+        part_row = pid * BLOCK_M
+        chunk = pid % split
+        pid = first_block + pid // split
+        all_tiles = gl.cdiv(Lk, BLOCK_N)
+        t0 = chunk * all_tiles // split
     if CAUSAL:
         # Heaviest first: the last query block of every head, then the one before; a block stops at
         # its last row's diagonal.
@@ -256,6 +284,8 @@ def _attn_fwd_hopper_kernel(
         pid_bh = pid // n_m
         row_start = (pid % n_m) * BLOCK_M
         n_tiles = gl.cdiv(Lk, BLOCK_N)
+        if SPLIT_KV:
+            n_tiles = (chunk + 1) * n_tiles // split - t0
     b = pid_bh // H
     h = pid_bh % H
 
@@ -270,19 +300,71 @@ def _attn_fwd_hopper_kernel(
     gl.warp_specialize(
         [
             (_softmax_partition, (q_bufs.index(0), q_bars.index(0), k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE,
-                                  qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles, CAUSAL)),
+                                  qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles,
+                                  t0, PARTS, part_row, CAUSAL, SPLIT_KV)),
             (_softmax_partition, (q_bufs.index(1), q_bars.index(1), k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE,
                                   qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start + ROWS, Lq, Lk,
-                                  n_tiles, CAUSAL)),
+                                  n_tiles, t0, PARTS, part_row + ROWS, CAUSAL, SPLIT_KV)),
             (_softmax_partition, (q_bufs.index(2), q_bars.index(2), k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE,
                                   qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start + 2 * ROWS, Lq, Lk,
-                                  n_tiles, CAUSAL)),
+                                  n_tiles, t0, PARTS, part_row + 2 * ROWS, CAUSAL, SPLIT_KV)),
             (_load_partition, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
-                               row_start, n_tiles, BLOCK_N, STAGES)),
+                               row_start, n_tiles, t0, BLOCK_N, STAGES)),
         ],
         [4, 4, 1],
         [160, 160, 24],
     )  # fmt: skip
+
+
+@triton.jit
+def _combine_parts_kernel(PARTS, O, LSE, first_block, split, n_m, H, Lq, stride_ob, stride_oh, stride_ol,
+                          BLOCK_M: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Rows ``program_id(1)`` (ROWS of them) of tail query block ``program_id(0)``: its ``split`` key
+    chunks' shares in PARTS (o normalised over the chunk, then its base-2 logsumexp, HEAD_DIM + 1
+    floats a row) merged, o_i weighted by exp2(lse_i - lse), into O and LSE (natural log)."""
+    t = tl.program_id(0)
+    rb = tl.program_id(1)
+    block = first_block + t
+    pid_bh = block // n_m
+    r = tl.arange(0, ROWS)
+    cols = tl.arange(0, HEAD_DIM)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    for i in range(split):
+        part = ((t * split + i) * BLOCK_M + rb * ROWS + r).to(tl.int64) * (HEAD_DIM + 1)
+        m = tl.maximum(m, tl.load(PARTS + part + HEAD_DIM))
+    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    total = tl.zeros([ROWS], tl.float32)
+    for i in range(split):
+        part = ((t * split + i) * BLOCK_M + rb * ROWS + r).to(tl.int64) * (HEAD_DIM + 1)
+        w = tl.exp2(tl.load(PARTS + part + HEAD_DIM) - m)
+        acc += w[:, None] * tl.load(PARTS + part[:, None] + cols[None, :])
+        total += w
+    rows = (block % n_m) * BLOCK_M + rb * ROWS + r
+    keep = rows < Lq
+    tl.store(LSE + pid_bh.to(tl.int64) * Lq + rows, (m + tl.log2(total)) * 0.6931471805599453, mask=keep)
+    b = pid_bh // H
+    h = pid_bh % H
+    o_ptrs = (
+        O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + rows.to(tl.int64)[:, None] * stride_ol
+    )
+    o = acc / total[:, None]
+    tl.store(o_ptrs + cols[None, :], o.to(O.dtype.element_ty), mask=keep[:, None])
+
+
+def combine_parts(parts, o, lse, first_block: int, split: int) -> None:
+    """The tail's key-chunk shares ``parts`` (tail blocks · split · BLOCK_M rows, D + 1 floats) merged
+    into their rows of o (B, H, Lq, D, unit stride along D) and lse (B, H, Lq); tail block t is query
+    block ``first_block + t`` of the grid (BLOCK_M-row blocks, head by head)."""
+    B, H, Lq, D = o.shape
+    n_tail = parts.shape[0] // (split * BLOCK_M)
+    launch(
+        _COMBINE_LAUNCHES,
+        _combine_parts_kernel,
+        (n_tail, SOFTMAX_WARPGROUPS),
+        (parts, o, lse),
+        (first_block, split, cdiv(Lq, BLOCK_M), H, Lq, o.stride(0), o.stride(1), o.stride(2)),
+        {"BLOCK_M": BLOCK_M, "ROWS": ROWS_PER_WARPGROUP, "HEAD_DIM": D, "num_warps": 4},
+    )
 
 
 # Per head dim: (BLOCK_N, STAGES), measured on the H100 (reports/data/02_attn_fwd/diagnostics/).
@@ -322,25 +404,46 @@ def config_string(head_dim: int) -> str:
 
 # Compiled once per signature of q, k, v (and o's strides, scale, config), then launched directly.
 _LAUNCHES = LaunchCache(first_launch)
+_COMBINE_LAUNCHES = LaunchCache(first_launch)
 
 
-def forward(q, k, v, o, lse, qk_scale: float, causal: bool = False) -> None:
+def forward(
+    q, k, v, o, lse, qk_scale: float, causal: bool = False, tail: tuple[int, int] | None = None
+) -> None:
     """Write o and lse for checked q, k, v (``unsupported_reason`` None) into the allocated o
     (B, H, Lq, D) and lse (B, H, Lq) float32. ``qk_scale`` is the softmax scale times log2(e);
-    ``causal`` keeps key j for query i when i >= j (top-left aligned)."""
+    ``causal`` keeps key j for query i when i >= j (top-left aligned). Not causal, the last wave's
+    query blocks (``tail_split``; ``tail`` (blocks, split) overrides it) run in a launch of their own
+    as ``split`` programs over chunks of the keys each, merged by ``combine_parts``."""
     B, H, Lq, D = q.shape
+    Lk = k.shape[2]
     block_n, stages = CONFIGS[D]
-    grid = (cdiv(Lq, BLOCK_M) * B * H,)
+    programs = cdiv(Lq, BLOCK_M) * B * H
+    if tail is not None and causal:
+        raise ValueError("tail: only a non-causal forward splits its last query blocks")
+    n_tail, split = (0, 1) if causal else tail or tail_split(programs, sm_count(q.device), cdiv(Lk, block_n))
+    if not (0 <= n_tail <= programs and 1 <= split <= max(cdiv(Lk, block_n), 1)):
+        raise ValueError(f"tail: expected (blocks in 0..{programs}, split in 1..key tiles), got {tail}")
+    whole = programs - n_tail
+    parts = None
+    if n_tail:
+        parts = torch.empty((n_tail * split * BLOCK_M, D + 1), dtype=torch.float32, device=q.device)
     descriptors = (descriptor(q, ROWS_PER_WARPGROUP), descriptor(k, block_n), descriptor(v, block_n))
-    launch(
-        _LAUNCHES,
-        _attn_fwd_hopper_kernel,
-        grid,
-        (*descriptors, o, lse),
-        (float(qk_scale), o.stride(0), o.stride(1), o.stride(2), H, Lq, k.shape[2]),
-        {"HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal, "num_warps": 4},
-        key_tensors=(q, k, v, o),
-    )
+    scalars = (float(qk_scale), o.stride(0), o.stride(1), o.stride(2), H, Lq, Lk)
+    constexprs = {"HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal, "num_warps": 4}
+    for grid, out, first_block, chunks in ((whole, None, 0, 1), (n_tail * split, parts, whole, split)):
+        if grid:
+            launch(
+                _LAUNCHES,
+                _attn_fwd_hopper_kernel,
+                (grid,),
+                (*descriptors, o, lse, out),
+                (*scalars, first_block, chunks),
+                {**constexprs, "SPLIT_KV": out is not None},
+                key_tensors=(q, k, v, o, out),
+            )
+    if n_tail:
+        combine_parts(parts, o, lse, whole, split)
 
 
-__all__ = ["GLUON_HEAD_DIMS", "config_string", "forward", "unsupported_reason"]
+__all__ = ["GLUON_HEAD_DIMS", "combine_parts", "config_string", "forward", "unsupported_reason"]

@@ -9,19 +9,16 @@ import torch
 
 from tritonlab._runtime import kernel_device_type
 from tritonlab.attention import attention, fused_attention
-from tritonlab.attention._common import backward_delta
+from tritonlab.attention._common import TAIL_MAX_SPLIT, TAIL_MIN_TILES, backward_delta, tail_split
 from tritonlab.attention.backward_hopper import (
     CONFIGS,
     DEFER_DQ,
     FUSED_CONFIGS,
-    TAIL_MAX_SPLIT,
-    TAIL_MIN_TILES,
     _deferred,
     config_string,
     dkdv,
     launch_config,
     round_tail_sums,
-    tail_split,
 )
 from tritonlab.attention.flash2 import flash_forward
 from tritonlab.attention.forward import GLUON_FROM_LK

@@ -3,6 +3,7 @@
 cannot run, and on an H100 against float64 at odd shapes, strided and contiguous, D 64 and 128."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -32,16 +33,21 @@ from tritonlab.testing import hopper_descriptor_type as desc
 from tritonlab.tuning import ptxas_report, sass
 
 results = {}
-for (d, (block_n, stages)), causal in [(c, causal) for c in CONFIGS.items() for causal in (False, True)]:
+variants = [(c, causal, False) for c in CONFIGS.items() for causal in (False, True)]
+variants += [(c, False, True) for c in CONFIGS.items()]  # the tail's key chunks: not causal
+for (d, (block_n, stages)), causal, split in variants:
     sig = {"q_desc": desc(ROWS_PER_WARPGROUP, d), "k_desc": desc(block_n, d), "v_desc": desc(block_n, d),
-           "O": "*bf16", "LSE": "*fp32", "qk_scale": "fp32", "stride_ob": "i32", "stride_oh": "i32",
-           "stride_ol": "i32", "H": "i32", "Lq": "i32", "Lk": "i32",
-           "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr"}
-    consts = {"HEAD_DIM": d, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
+           "O": "*bf16", "LSE": "*fp32", "PARTS": "*fp32" if split else "constexpr", "qk_scale": "fp32",
+           "stride_ob": "i32", "stride_oh": "i32", "stride_ol": "i32", "H": "i32", "Lq": "i32", "Lk": "i32",
+           "first_block": "i32", "split": "i32", "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr",
+           "STAGES": "constexpr", "CAUSAL": "constexpr", "SPLIT_KV": "constexpr"}
+    consts = {"HEAD_DIM": d, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal, "SPLIT_KV": split}
+    if not split:
+        consts["PARTS"] = None
     out = triton.compile(GluonASTSource(_attn_fwd_hopper_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4})
     code = sass(out.asm["ptx"], "sm_90a")
-    results[f"{d}-{causal}"] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
+    results[f"{d}-{causal}" + ("-split" if split else "")] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
                   **ptxas_report(out.asm["ptx"], "sm_90a"), "hgmma": len(re.findall(r"HGMMA", code))}
 print(json.dumps(results))
 """
@@ -50,7 +56,9 @@ print(json.dumps(results))
 @pytest.mark.skipif(triton_tools_missing("ptxas", "cuobjdump"), reason="needs Triton's ptxas and cuobjdump")
 def test_the_sm90a_build_is_warp_specialised_fits_and_does_not_spill():
     results = json.loads(run_without_interpreter(_BUILD).stdout.strip().splitlines()[-1])
-    assert set(results) == {f"{d}-{causal}" for d in forward_hopper.CONFIGS for causal in (False, True)}
+    assert set(results) == {f"{d}-{causal}" for d in forward_hopper.CONFIGS for causal in (False, True)} | {
+        f"{d}-False-split" for d in forward_hopper.CONFIGS
+    }
     for d, r in results.items():
         # Three softmax warpgroups and a load warp, padded to whole warpgroups: 16 warps.
         assert r["warps"] == 16, (d, r)
@@ -121,3 +129,69 @@ def test_auto_takes_gluon_from_the_threshold_and_records_it():
         record = ConfigRecord()
         attention_forward(*model_qkv(1, 8, 500, lk, 64, torch.bfloat16), record=record)
         assert record.picked["forward"].startswith("gluon:") == gluon, (lk, record.picked)
+
+
+def test_combine_parts_merges_key_chunks_into_the_tail_rows():
+    """combine_parts: each tail block's key-chunk shares (o over the chunk, its base-2 logsumexp)
+    merged into the attention over all keys, in o's strided rows; rows past Lq and every other block
+    left as they were (interpreter or GPU)."""
+    B, H, Lq, Lk, D, split = 1, 2, 200, 50, 16, 3
+    n_m, BLOCK_M = 2, forward_hopper.BLOCK_M  # 192-row query blocks: 2 a head, the second ragged
+    first_block, n_tail = 1, 3  # head 0's second block, head 1's two
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    q, k, v = (torch.randn(B, H, n, D, generator=g, device=DEVICE, dtype=torch.float64) for n in (Lq, Lk, Lk))
+    bounds = [0, 17, 33, Lk]
+    parts = torch.randn(n_tail * split * BLOCK_M, D + 1, generator=g, device=DEVICE)
+    for t in range(n_tail):
+        bh, qb = divmod(first_block + t, n_m)
+        rows = slice(qb * BLOCK_M, min((qb + 1) * BLOCK_M, Lq))
+        for i in range(split):
+            keys = slice(bounds[i], bounds[i + 1])
+            o_i, lse_i = reference_attention(q[:, :, rows], k[:, :, keys], v[:, :, keys])
+            at = (t * split + i) * BLOCK_M
+            n = rows.stop - rows.start
+            parts[at : at + n, :D] = o_i[0, bh].float()
+            parts[at : at + n, D] = (lse_i[0, bh] / math.log(2)).float()
+    storage = torch.full((B, Lq, H, D + 4), float("nan"), device=DEVICE, dtype=torch.float16)
+    o = storage[..., :D].transpose(1, 2)
+    lse = torch.full((B, H, Lq), float("nan"), device=DEVICE)
+    forward_hopper.combine_parts(parts, o, lse, first_block, split)
+    o_ref, lse_ref = reference_attention(q, k, v)
+    assert torch.isnan(o[0, 0, :BLOCK_M]).all() and torch.isnan(lse[0, 0, :BLOCK_M]).all()
+    assert rel_err(o[0, 0, BLOCK_M:], o_ref[0, 0, BLOCK_M:]) < 2e-3 and rel_err(o[0, 1], o_ref[0, 1]) < 2e-3
+    assert (lse[0, 0, BLOCK_M:].double() - lse_ref[0, 0, BLOCK_M:]).abs().max() < 1e-4
+    assert (lse[0, 1].double() - lse_ref[0, 1]).abs().max() < 1e-4
+    assert torch.isnan(storage[..., D:]).all()
+
+
+def test_a_tail_is_refused_for_a_causal_forward():
+    t = torch.zeros(1, 1, 64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="tail: only a non-causal forward"):
+        forward_hopper.forward(t, t, t, t, t[..., 0].float(), 0.18, causal=True, tail=(1, 2))
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize(
+    ("B", "H", "Lq", "Lk", "D", "tail"),
+    [
+        (1, 2, 300, 1025, 64, (3, 4)),  # three of four query blocks, 9 key tiles in 4 chunks
+        (2, 3, 193, 2049, 64, None),  # tail_split's own choice: every block, 8 chunks of 17 tiles
+        (1, 1, 1, 1000, 128, (1, 8)),  # one row; D = 128's 64-key tiles, the last chunk ragged
+        (1, 2, 257, 129, 64, (4, 2)),  # a one-tile chunk that is the ragged last tile
+    ],
+)
+def test_split_tail_forward_matches_float64_and_the_whole_forward(B, H, Lq, Lk, D, tail):
+    q, k, v = model_qkv(B, H, Lq, Lk, D, torch.bfloat16)
+    outs = []
+    for split in (tail, (0, 1)):
+        with poisoned_empty():
+            o = torch.empty_like(q)
+            lse = torch.empty(B, H, Lq, device="cuda")
+        forward_hopper.forward(q, k, v, o, lse, D**-0.5 * 1.4426950408889634, tail=split)
+        outs.append((o, lse))
+    (o, lse), (o_whole, lse_whole) = outs
+    o_ref, lse_ref = reference_attention(q, k, v)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert rel_err(o, o_ref) < 1e-2 and rel_err(o, o_whole) < 1e-2
+    assert (lse.double() - lse_ref).abs().max().item() < 1e-3
