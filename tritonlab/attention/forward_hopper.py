@@ -144,7 +144,7 @@ def _softmax_tile(j, q, p, acc, m_i, l_i, k_bufs, v_bufs, k_bars, v_bars, empty_
 @gluon.jit
 def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE, qk_scale,
                        stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles, t0, PARTS,
-                       part_row, CAUSAL: gl.constexpr, SPLIT_KV: gl.constexpr):  # fmt: skip
+                       part_row, is_tail, CAUSAL: gl.constexpr, SPLIT_KV: gl.constexpr):  # fmt: skip
     # One warpgroup's 64 query rows from row_start; the tile sizes come with the buffers' types.
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[3]
@@ -198,18 +198,21 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
     mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_DIM]), acc)
 
+    o = acc / gl.convert_layout(l_i, o_rows)[:, None]
+    lse2 = m_i + gl.log2(l_i)
     if SPLIT_KV:
-        # A key chunk's share of its rows (``forward``'s tail): o normalised over the chunk and its
-        # base-2 logsumexp, in float32 at PARTS' rows from part_row, for _combine_parts_kernel.
-        o_rows_idx = part_row + gl.arange(0, ROWS, layout=o_rows)
-        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        o_part = acc / gl.convert_layout(l_i, o_rows)[:, None]
-        gl.store(PARTS + o_rows_idx.to(gl.int64)[:, None] * (HEAD_DIM + 1) + o_cols[None, :], o_part)
-        lse_rows = part_row + gl.arange(0, ROWS, layout=s_rows)
-        gl.store(PARTS + lse_rows.to(gl.int64) * (HEAD_DIM + 1) + HEAD_DIM, m_i + gl.log2(l_i))
+        if is_tail:
+            # A key chunk's share of its rows (``forward``'s tail): o normalised over the chunk and
+            # its base-2 logsumexp, in float32 at PARTS' rows from part_row, for _combine_parts_kernel.
+            o_rows_idx = part_row + gl.arange(0, ROWS, layout=o_rows)
+            o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            gl.store(PARTS + o_rows_idx.to(gl.int64)[:, None] * (HEAD_DIM + 1) + o_cols[None, :], o)
+            lse_rows = part_row + gl.arange(0, ROWS, layout=s_rows)
+            gl.store(PARTS + lse_rows.to(gl.int64) * (HEAD_DIM + 1) + HEAD_DIM, lse2)
+        else:
+            store_rows(o, lse2, O, LSE, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq)
     else:
-        store_rows(acc / gl.convert_layout(l_i, o_rows)[:, None], m_i + gl.log2(l_i), O, LSE, stride_ob, stride_oh,
-                   stride_ol, b, h, pid_bh, row_start, Lq)  # fmt: skip
+        store_rows(o, lse2, O, LSE, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq)
 
 
 @gluon.jit
@@ -265,14 +268,18 @@ def _attn_fwd_hopper_kernel(
     pid = gl.program_id(0)
     t0 = 0
     part_row = 0
+    is_tail = False
     if SPLIT_KV:
-        # A launch of the tail's key chunks: query block ``first_block + pid // split`` over key chunk
-        # ``pid % split``; its rows' shares go to PARTS from row pid * BLOCK_M.
-        part_row = pid * BLOCK_M
-        chunk = pid % split
-        pid = first_block + pid // split
+        # Programs from ``first_block`` on are the tail's key chunks: query block first_block +
+        # t // split over key chunk t % split (t = pid - first_block); their rows' shares go to
+        # PARTS from row t * BLOCK_M.
+        is_tail = pid >= first_block
+        t = gl.maximum(pid - first_block, 0)
+        part_row = t * BLOCK_M
+        chunk = t % split
+        pid = gl.where(is_tail, first_block + t // split, pid)
         all_tiles = gl.cdiv(Lk, BLOCK_N)
-        t0 = chunk * all_tiles // split
+        t0 = gl.where(is_tail, chunk * all_tiles // split, 0)
     if CAUSAL:
         # Heaviest first: the last query block of every head, then the one before; a block stops at
         # its last row's diagonal.
@@ -285,7 +292,7 @@ def _attn_fwd_hopper_kernel(
         row_start = (pid % n_m) * BLOCK_M
         n_tiles = gl.cdiv(Lk, BLOCK_N)
         if SPLIT_KV:
-            n_tiles = (chunk + 1) * n_tiles // split - t0
+            n_tiles = gl.where(is_tail, (chunk + 1) * n_tiles // split - t0, n_tiles)
     b = pid_bh // H
     h = pid_bh % H
 
@@ -301,13 +308,13 @@ def _attn_fwd_hopper_kernel(
         [
             (_softmax_partition, (q_bufs.index(0), q_bars.index(0), k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE,
                                   qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq, Lk, n_tiles,
-                                  t0, PARTS, part_row, CAUSAL, SPLIT_KV)),
+                                  t0, PARTS, part_row, is_tail, CAUSAL, SPLIT_KV)),
             (_softmax_partition, (q_bufs.index(1), q_bars.index(1), k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE,
                                   qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start + ROWS, Lq, Lk,
-                                  n_tiles, t0, PARTS, part_row + ROWS, CAUSAL, SPLIT_KV)),
+                                  n_tiles, t0, PARTS, part_row + ROWS, is_tail, CAUSAL, SPLIT_KV)),
             (_softmax_partition, (q_bufs.index(2), q_bars.index(2), k_bufs, v_bufs, k_bars, v_bars, empty_bars, O, LSE,
                                   qk_scale, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start + 2 * ROWS, Lq, Lk,
-                                  n_tiles, t0, PARTS, part_row + 2 * ROWS, CAUSAL, SPLIT_KV)),
+                                  n_tiles, t0, PARTS, part_row + 2 * ROWS, is_tail, CAUSAL, SPLIT_KV)),
             (_load_partition, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_bars, v_bars, empty_bars, b, h,
                                row_start, n_tiles, t0, BLOCK_N, STAGES)),
         ],
@@ -413,8 +420,9 @@ def forward(
     """Write o and lse for checked q, k, v (``unsupported_reason`` None) into the allocated o
     (B, H, Lq, D) and lse (B, H, Lq) float32. ``qk_scale`` is the softmax scale times log2(e);
     ``causal`` keeps key j for query i when i >= j (top-left aligned). Not causal, the last wave's
-    query blocks (``tail_split``; ``tail`` (blocks, split) overrides it) run in a launch of their own
-    as ``split`` programs over chunks of the keys each, merged by ``combine_parts``."""
+    query blocks (``tail_split``; ``tail`` (blocks, split) overrides it) run at the end of the grid
+    as ``split`` programs over chunks of the keys each, filling the SMs the others free, and
+    ``combine_parts`` merges their shares."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     block_n, stages = CONFIGS[D]
@@ -428,20 +436,16 @@ def forward(
     parts = None
     if n_tail:
         parts = torch.empty((n_tail * split * BLOCK_M, D + 1), dtype=torch.float32, device=q.device)
-    descriptors = (descriptor(q, ROWS_PER_WARPGROUP), descriptor(k, block_n), descriptor(v, block_n))
-    scalars = (float(qk_scale), o.stride(0), o.stride(1), o.stride(2), H, Lq, Lk)
-    constexprs = {"HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal, "num_warps": 4}
-    for grid, out, first_block, chunks in ((whole, None, 0, 1), (n_tail * split, parts, whole, split)):
-        if grid:
-            launch(
-                _LAUNCHES,
-                _attn_fwd_hopper_kernel,
-                (grid,),
-                (*descriptors, o, lse, out),
-                (*scalars, first_block, chunks),
-                {**constexprs, "SPLIT_KV": out is not None},
-                key_tensors=(q, k, v, o, out),
-            )
+    launch(
+        _LAUNCHES,
+        _attn_fwd_hopper_kernel,
+        (whole + n_tail * split,),
+        (descriptor(q, ROWS_PER_WARPGROUP), descriptor(k, block_n), descriptor(v, block_n), o, lse, parts),
+        (float(qk_scale), o.stride(0), o.stride(1), o.stride(2), H, Lq, Lk, whole, split),
+        {"HEAD_DIM": D, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal, "SPLIT_KV": n_tail > 0,
+         "num_warps": 4},
+        key_tensors=(q, k, v, o, parts),
+    )  # fmt: skip
     if n_tail:
         combine_parts(parts, o, lse, whole, split)
 
