@@ -25,6 +25,12 @@ behind work of its own (``_fused_tile``). Triton 3.6 builds that operation for G
 warpgroup instead (twice the L2 traffic) measured within 1% at D = 64 and 3% slower at D = 128;
 per-thread fp32 atomics, 9.71 against 7.14 ms forward + backward at mid (phase 04's README).
 
+The fused, non-causal launch splits its last wave (``tail_split``): where the key blocks beyond
+the last whole wave of one program an SM fill at most half the SMs, they run in a second launch as
+programs over chunks of the query tiles (``SPLIT_TAIL``), adding their float32 dK, dV shares into a
+small buffer that ``round_tail_sums`` rounds into the gradients; that launch issues its dQ
+products immediately (ptxas of Triton 3.6 crashes on the deferred kernel with runtime tile bounds).
+
 Rows past Lq or Lk read as zeros (4-D TMA descriptors over the caller's strides); padding query
 rows get lse = +inf, so their P is 0. Causal (``CAUSAL``, top-left aligned; flash2 takes it): a
 key block's query tiles start at its first key, the tiles that cross a warpgroup's diagonal run

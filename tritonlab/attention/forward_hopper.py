@@ -26,6 +26,11 @@ model's strided q, k, v are read in place and every row past Lq or Lk of its hea
 the score columns past Lk are masked to -inf on the last tile only. o is written with plain stores
 (masked rows), lse per row.
 
+One program runs on each SM. Where the query blocks beyond the last whole wave fill at most half
+the SMs (``tail_split``), they run at the end of the grid as programs over chunks of the keys
+(``SPLIT_KV``), each writing its rows' o over the chunk and logsumexp in float32, merged by
+``combine_parts``: the last wave then takes a fraction of a block's time.
+
 Causal (``CAUSAL``, key j kept for query i when i >= j, top-left aligned; flash2 takes it): a
 program stops at its last row's diagonal, each warpgroup masks only the tiles that reach past its
 first row, and the grid runs the longest programs first (the last query block of every head, then
