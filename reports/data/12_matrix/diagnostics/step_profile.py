@@ -1,7 +1,8 @@
 """Where one TransformerNP training step's GPU time goes, per variant: torch.profiler over timed
 steps after warm-up. Prints, per variant, the wall time a step (CUDA events), the GPU's busy time
-(the union of kernel intervals) and its kernel time by family, then the top kernels and the
-largest waits of the GPU between kernels (where the host fell behind), by the kernels around them.
+(the union of kernel intervals) and its kernel time by family, then the top kernels, the GPU's
+waits between kernels by size, and the largest (where the host fell behind) by the kernels around
+them.
 
     PYTHONPATH=. python3 reports/data/12_matrix/diagnostics/step_profile.py small compile+sdpa-flash ...
 
@@ -66,6 +67,23 @@ def idle_gaps(kernels, least_us: float = 5.0) -> list:
     return sorted(((pair, tuple(v)) for pair, v in gaps.items()), key=lambda kv: -kv[1][0])
 
 
+def idle_by_size(kernels, bounds_us=(1.0, 2.0, 5.0, 20.0, 100.0)) -> list:
+    """Every idle interval between the first kernel's start and the last one's end, in size classes:
+    [(upper bound µs or inf, total µs, count)] -- the short gaps between back-to-back launches
+    that ``idle_gaps`` leaves out add up too."""
+    classes = [[bound, 0.0, 0] for bound in (*bounds_us, float("inf"))]
+    reach = None
+    for e in sorted(kernels, key=lambda e: e.time_range.start):
+        if reach is not None and e.time_range.start > reach:
+            gap = e.time_range.start - reach
+            cls = next(c for c in classes if gap < c[0])
+            cls[1] += gap
+            cls[2] += 1
+        if reach is None or e.time_range.end > reach:
+            reach = e.time_range.end
+    return [tuple(c) for c in classes]
+
+
 def profile_variant(shape, variant: str) -> None:
     cfg = TNPConfig()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -106,6 +124,9 @@ def profile_variant(shape, variant: str) -> None:
     print("  top kernels (ms a step, launches a step):")
     for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:18]:
         print(f"    {us / 1e3 / STEPS:8.3f} {count[name] // STEPS:4d}  {name[:110]}")
+    print("  GPU idle between kernels by gap size (ms a step, gaps a step):")
+    for bound, us, n in idle_by_size(kernels):
+        print(f"    < {bound:>5} us {us / 1e3 / STEPS:8.3f} {n / STEPS:7.1f}")
     print("  GPU idle between kernels (ms a step, gaps a step; the kernel before -> the one after):")
     for (before, after), (us, n) in idle_gaps(kernels)[:10]:
         print(f"    {us / 1e3 / STEPS:8.3f} {n // STEPS:4d}  {before[:50]} -> {after[:50]}")
