@@ -62,6 +62,14 @@ def check_qkv(
         raise ValueError(f"q, k: every dimension must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
 
 
+def check_kv(kv) -> None:
+    """kv: K and V packed as a model projects them, (B, Lk, 2, H, D), else a ``ValueError`` naming
+    it (``check_qkv`` then checks the halves against q)."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
+        got = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
+        raise ValueError(f"kv: expected K and V packed as (B, Lk, 2, H, D), got {got}")
+
+
 def softmax_scale(head_dim: int, scale: float | None) -> float:
     """1/sqrt(D) unless given; a positive finite number either way."""
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)

@@ -44,6 +44,7 @@ from . import backward_hopper
 from ._common import (
     LOG2E,
     backward_delta,
+    check_kv,
     check_qkv,
     config_string,
     fits,
@@ -396,13 +397,6 @@ def _split_kv(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _packed(grads: torch.Tensor) -> torch.Tensor:
     """The (B, Lk, 2, H, D) gradient of a packed K/V from ``_key_grad_buffers``' dK and dV: a view."""
     return grads.permute(1, 3, 0, 2, 4)
-
-
-def check_kv(kv) -> None:
-    """kv: a packed (B, Lk, 2, H, D) tensor, else a ``ValueError`` naming it."""
-    if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
-        got = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
-        raise ValueError(f"kv: expected K and V packed as (B, Lk, 2, H, D), got {got}")
 
 
 def _reduce_key_grads(partials: torch.Tensor, grads: torch.Tensor) -> None:

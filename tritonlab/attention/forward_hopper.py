@@ -205,7 +205,7 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
 
     o = acc / gl.convert_layout(l_i, o_rows)[:, None]
     lse2 = m_i + gl.log2(l_i)
-    if SPLIT_KV:
+    if SPLIT_KV:  # (is_tail is a plain False without it, which Gluon does not take as a condition)
         if is_tail:
             # A key chunk's share of its rows (``forward``'s tail): o normalised over the chunk and
             # its base-2 logsumexp, in float32 at PARTS' rows from part_row, for _combine_parts_kernel.

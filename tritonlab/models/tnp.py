@@ -93,7 +93,8 @@ class Components:
     loss: Callable[[Tensor, Tensor], Tensor] = gmm_nll
     # The same attention over K and V packed as W_KV projects them, (B, M, 2, H, D), if there is one
     # (``tritonlab.attention.fused_attention_kv``): the attention block then calls it instead, and
-    # the gradient reaches W_KV with no copy interleaving dK and dV.
+    # the gradient reaches W_KV with no copy interleaving dK and dV. (Checkpoint mode "selective"
+    # recomputes K and V apart and keeps calling ``attention``.)
     attention_kv: Callable[[Tensor, Tensor], Tensor] | None = None
 
 
