@@ -1,5 +1,6 @@
 """Where one TransformerNP training step's GPU time goes, per variant: torch.profiler over timed
-steps after warm-up. Prints, per variant, the wall time a step (CUDA events), the GPU's busy time
+steps after warm-up. Prints, per variant, the wall time a step (CUDA events, over as many steps
+without the profiler just before and under it), the GPU's busy time
 (the union of kernel intervals) and its kernel time by family, then the top kernels, the GPU's
 waits between kernels by size, and the largest (where the host fell behind) by the kernels around
 them.
@@ -11,6 +12,7 @@ Variants as phase 12 names them (sdpa-<backend>, custom-bf16-<attention>, with a
 
 import functools
 import sys
+import time
 from collections import defaultdict
 
 import torch
@@ -99,6 +101,12 @@ def profile_variant(shape, variant: str) -> None:
         train_step(model, loss_fn, optimizer, tasks, torch.bfloat16)
     torch.cuda.synchronize()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(STEPS):
+        train_step(model, loss_fn, optimizer, tasks, torch.bfloat16)
+    stop.record()
+    torch.cuda.synchronize()
+    plain_ms = start.elapsed_time(stop) / STEPS
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start.record()
         for _ in range(STEPS):
@@ -113,8 +121,9 @@ def profile_variant(shape, variant: str) -> None:
         per_kernel[e.name] += e.time_range.elapsed_us()
         count[e.name] += 1
     print(
-        f"\n## {variant} at {shape.name}: step {wall_ms:.2f} ms (profiled), GPU busy {gpu['gpu_busy_ms']:.2f} ms, "
-        f"kernels {gpu['gpu_kernel_ms']:.2f} ms in {gpu['gpu_launches']:.0f} launches"
+        f"\n## {variant} at {shape.name}: step {plain_ms:.2f} ms, {wall_ms:.2f} ms profiled, GPU busy {gpu['gpu_busy_ms']:.2f} ms, "
+        f"kernels {gpu['gpu_kernel_ms']:.2f} ms in {gpu['gpu_launches']:.0f} launches; profiled steps ended "
+        f"{time.strftime('%H:%M:%S')} (to match a clock log)"
     )
     families = {
         k[4:-3]: v for k, v in gpu.items() if k.endswith("_ms") and k not in ("gpu_busy_ms", "gpu_kernel_ms")
