@@ -226,15 +226,30 @@ def _fp8_softmax_partition(q_smem, q8_smem, p_smem, q_bar, k_bufs, v_bufs, k_bar
     mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p_smem, v_bufs.index(last).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0)), acc)
 
-    o = acc * gl.convert_layout(v_unit / l_i, o_rows)[:, None]
-    lse2 = m_i + gl.log2(l_i) - LOG2_FP8_MAX
     if SPLIT_KV:  # (is_tail is a plain False without it, which Gluon does not take as a condition)
+        o = acc * gl.convert_layout(v_unit / l_i, o_rows)[:, None]
+        lse2 = m_i + gl.log2(l_i) - LOG2_FP8_MAX
         if is_tail:
             store_part(o, lse2, PARTS, part_row)
         else:
             store_rows(o, lse2, O, LSE, stride_ob, stride_oh, stride_ol, b, h, bh, row_start, Lq)
     else:
-        store_rows(o, lse2, O, LSE, stride_ob, stride_oh, stride_ol, b, h, bh, row_start, Lq)
+        # Written out rather than forward_hopper.store_rows: with that call ptxas (Triton 3.6, sm_90a)
+        # moves two spill reloads of the main loop after a warpgroup barrier, and the kernel takes
+        # 1.19x the time at mid (diagnostics/fp8_regression_*.txt); this form builds as before it.
+        acc = acc * gl.convert_layout(v_unit / l_i, o_rows)[:, None]
+        s_row_idx = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+        lse = (m_i + gl.log2(l_i) - LOG2_FP8_MAX) * 0.6931471805599453
+        gl.store(LSE + bh.to(gl.int64) * Lq + s_row_idx, lse, mask=s_row_idx < Lq)
+        o_rows_idx = row_start + gl.arange(0, ROWS, layout=o_rows)
+        o_ptrs = (
+            O
+            + b.to(gl.int64) * stride_ob
+            + h.to(gl.int64) * stride_oh
+            + o_rows_idx.to(gl.int64)[:, None] * stride_ol
+            + o_cols[None, :]
+        )
+        gl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=(o_rows_idx < Lq)[:, None])
 
 
 @gluon.jit
