@@ -207,47 +207,17 @@ def _softmax_partition(q_smem, q_bar, k_bufs, v_bufs, k_bars, v_bars, empty_bars
     lse2 = m_i + gl.log2(l_i)
     if SPLIT_KV:  # (is_tail is a plain False without it, which Gluon does not take as a condition)
         if is_tail:
-            store_part(o, lse2, PARTS, part_row)
+            # A key chunk's share of its rows (``forward``'s tail): o normalised over the chunk and
+            # its base-2 logsumexp, in float32 at PARTS' rows from part_row, for _combine_parts_kernel.
+            o_rows_idx = part_row + gl.arange(0, ROWS, layout=o_rows)
+            o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            gl.store(PARTS + o_rows_idx.to(gl.int64)[:, None] * (HEAD_DIM + 1) + o_cols[None, :], o)
+            lse_rows = part_row + gl.arange(0, ROWS, layout=s_rows)
+            gl.store(PARTS + lse_rows.to(gl.int64) * (HEAD_DIM + 1) + HEAD_DIM, lse2)
         else:
             store_rows(o, lse2, O, LSE, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq)
     else:
         store_rows(o, lse2, O, LSE, stride_ob, stride_oh, stride_ol, b, h, pid_bh, row_start, Lq)
-
-
-@gluon.jit
-def split_grid(Lk, first_block, split, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT_KV: gl.constexpr):
-    """A non-causal forward program's work: (its query block, whether it is a tail chunk, its rows'
-    first row in PARTS, its first key tile, its key tiles). With ``SPLIT_KV`` the programs from
-    ``first_block`` on are the tail's key chunks: query block first_block + t // split over key
-    chunk t % split (t = pid - first_block), their shares stored at PARTS from row t * BLOCK_M."""
-    pid = gl.program_id(0)
-    n_tiles = gl.cdiv(Lk, BLOCK_N)
-    t0 = 0
-    part_row = 0
-    is_tail = False
-    if SPLIT_KV:
-        is_tail = pid >= first_block
-        t = gl.maximum(pid - first_block, 0)
-        part_row = t * BLOCK_M
-        chunk = t % split
-        pid = gl.where(is_tail, first_block + t // split, pid)
-        t0 = gl.where(is_tail, chunk * n_tiles // split, 0)
-        n_tiles = gl.where(is_tail, (chunk + 1) * n_tiles // split - t0, n_tiles)
-    return pid, is_tail, part_row, t0, n_tiles
-
-
-@gluon.jit
-def store_part(o, lse2, PARTS, part_row):
-    """A key chunk's share of a warpgroup's rows (a split forward's tail): ``o`` (fp32, normalised
-    over the chunk) and ``lse2`` (its base-2 logsumexp), HEAD_DIM + 1 floats a row at PARTS from row
-    ``part_row``, for ``_combine_parts_kernel``."""
-    ROWS: gl.constexpr = o.shape[0]
-    HEAD_DIM: gl.constexpr = o.shape[1]
-    o_rows = part_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o.type.layout))
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o.type.layout))
-    gl.store(PARTS + o_rows.to(gl.int64)[:, None] * (HEAD_DIM + 1) + o_cols[None, :], o)
-    lse_rows = part_row + gl.arange(0, ROWS, layout=lse2.type.layout)
-    gl.store(PARTS + lse_rows.to(gl.int64) * (HEAD_DIM + 1) + HEAD_DIM, lse2)
 
 
 @gluon.jit
@@ -300,21 +270,34 @@ def _attn_fwd_hopper_kernel(
     BLOCK_M: gl.constexpr = ROWS * NUM_CONSUMERS
     dtype: gl.constexpr = q_desc.dtype
     n_m = gl.cdiv(Lq, BLOCK_M)
+    pid = gl.program_id(0)
+    t0 = 0
+    part_row = 0
+    is_tail = False
+    if SPLIT_KV:
+        # Programs from ``first_block`` on are the tail's key chunks: query block first_block +
+        # t // split over key chunk t % split (t = pid - first_block); their rows' shares go to
+        # PARTS from row t * BLOCK_M.
+        is_tail = pid >= first_block
+        t = gl.maximum(pid - first_block, 0)
+        part_row = t * BLOCK_M
+        chunk = t % split
+        pid = gl.where(is_tail, first_block + t // split, pid)
+        all_tiles = gl.cdiv(Lk, BLOCK_N)
+        t0 = gl.where(is_tail, chunk * all_tiles // split, 0)
     if CAUSAL:
         # Heaviest first: the last query block of every head, then the one before; a block stops at
         # its last row's diagonal.
-        pid = gl.program_id(0)
-        t0 = 0
-        part_row = 0
-        is_tail = False
         n_bh = gl.num_programs(0) // n_m
         pid_bh = pid % n_bh
         row_start = (n_m - 1 - pid // n_bh) * BLOCK_M
         n_tiles = gl.cdiv(gl.minimum(Lk, row_start + BLOCK_M), BLOCK_N)
     else:
-        pid, is_tail, part_row, t0, n_tiles = split_grid(Lk, first_block, split, BLOCK_M, BLOCK_N, SPLIT_KV)
         pid_bh = pid // n_m
         row_start = (pid % n_m) * BLOCK_M
+        n_tiles = gl.cdiv(Lk, BLOCK_N)
+        if SPLIT_KV:
+            n_tiles = gl.where(is_tail, (chunk + 1) * n_tiles // split - t0, n_tiles)
     b = pid_bh // H
     h = pid_bh % H
 
@@ -436,39 +419,28 @@ _LAUNCHES = LaunchCache(first_launch)
 _COMBINE_LAUNCHES = LaunchCache(first_launch)
 
 
-def tail_parts(q, n_key_tiles: int, tail: tuple[int, int] | None = None):
-    """How a non-causal forward over q's query blocks (BLOCK_M rows of a head each, ``n_key_tiles``
-    key tiles) runs its last wave: (whole blocks, tail blocks, split, the float32 PARTS buffer for
-    the tail's key-chunk shares or None), by ``tail_split``; ``tail`` (blocks, split) overrides it."""
-    B, H, Lq, D = q.shape
-    programs = cdiv(Lq, BLOCK_M) * B * H
-    n_tail, split = tail or tail_split(programs, sm_count(q.device), n_key_tiles)
-    if not (0 <= n_tail <= programs and 1 <= split <= max(n_key_tiles, 1)):
-        raise ValueError(f"tail: expected (blocks in 0..{programs}, split in 1..key tiles), got {tail}")
-    parts = None
-    if n_tail:
-        parts = torch.empty((n_tail * split * BLOCK_M, D + 1), dtype=torch.float32, device=q.device)
-    return programs - n_tail, n_tail, split, parts
-
-
 def forward(
     q, k, v, o, lse, qk_scale: float, causal: bool = False, tail: tuple[int, int] | None = None
 ) -> None:
     """Write o and lse for checked q, k, v (``unsupported_reason`` None) into the allocated o
     (B, H, Lq, D) and lse (B, H, Lq) float32. ``qk_scale`` is the softmax scale times log2(e);
     ``causal`` keeps key j for query i when i >= j (top-left aligned). Not causal, the last wave's
-    query blocks (``tail_parts``; ``tail`` (blocks, split) overrides it) run at the end of the grid
+    query blocks (``tail_split``; ``tail`` (blocks, split) overrides it) run at the end of the grid
     as ``split`` programs over chunks of the keys each, filling the SMs the others free, and
     ``combine_parts`` merges their shares."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     block_n, stages = CONFIGS[D]
-    if causal:
-        if tail is not None:
-            raise ValueError("tail: only a non-causal forward splits its last query blocks")
-        whole, n_tail, split, parts = cdiv(Lq, BLOCK_M) * B * H, 0, 1, None
-    else:
-        whole, n_tail, split, parts = tail_parts(q, cdiv(Lk, block_n), tail)
+    programs = cdiv(Lq, BLOCK_M) * B * H
+    if tail is not None and causal:
+        raise ValueError("tail: only a non-causal forward splits its last query blocks")
+    n_tail, split = (0, 1) if causal else tail or tail_split(programs, sm_count(q.device), cdiv(Lk, block_n))
+    if not (0 <= n_tail <= programs and 1 <= split <= max(cdiv(Lk, block_n), 1)):
+        raise ValueError(f"tail: expected (blocks in 0..{programs}, split in 1..key tiles), got {tail}")
+    whole = programs - n_tail
+    parts = None
+    if n_tail:
+        parts = torch.empty((n_tail * split * BLOCK_M, D + 1), dtype=torch.float32, device=q.device)
     launch(
         _LAUNCHES,
         _attn_fwd_hopper_kernel,
@@ -483,4 +455,4 @@ def forward(
         combine_parts(parts, o, lse, whole, split)
 
 
-__all__ = ["GLUON_HEAD_DIMS", "combine_parts", "config_string", "forward", "tail_parts", "unsupported_reason"]
+__all__ = ["GLUON_HEAD_DIMS", "combine_parts", "config_string", "forward", "unsupported_reason"]

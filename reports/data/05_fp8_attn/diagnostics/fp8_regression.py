@@ -2,7 +2,8 @@
 SDPA cuDNN and our bf16 forward (the FP8 calls with their K/V quantisation launch). Phase 05 read
 1.793 ms at ``1fb999c`` and 2.147 ms at ``d5f686a`` for the same cell; the sm_90a SASS of the two
 kernels differs in its integer and uniform-register instructions (IMAD 679 against 719, R2UR 45
-against 23). Today's runs whole (``tail=(0, 1)``) and with its split tail.
+against 23). Each log names the commit it ran at; the ones with a ``today split`` column ran while
+today's source had a split tail (since dropped).
 
     git show 1fb999c:tritonlab/attention/fp8_hopper.py > /tmp/fp8_hopper_1fb999c.py
     PYTHONPATH=. python3 reports/data/05_fp8_attn/diagnostics/fp8_regression.py /tmp/fp8_hopper_1fb999c.py
@@ -22,8 +23,6 @@ from patched import ABSOLUTE_IMPORTS, fp8_forward  # noqa: E402
 
 from common.attention_bench import SDPA, make_inputs, sdpa, tnp_case  # noqa: E402
 from tritonlab.attention import attention_forward, fp8_hopper  # noqa: E402
-from tritonlab.attention import fp8 as fp8_module  # noqa: E402
-from tritonlab.attention._common import LOG2E  # noqa: E402
 
 
 def load_source(path: str):
@@ -44,33 +43,23 @@ def load_source(path: str):
     return module
 
 
-def today(q, k, v, tail):
-    o, lse = fp8_module._forward_outputs(q)
-    quantized = fp8_module._quantize_kv(k, v)
-    fp8_hopper.forward(
-        q, *quantized, o, lse, q.shape[-1] ** -0.5 * LOG2E, fp8_module.KV_BLOCK, k.shape[2], tail=tail
-    )
-    return o
-
-
 def main():
     print(f"# {torch.cuda.get_device_name()}", flush=True)
     old = load_source(sys.argv[1])
     q, k, v = make_inputs(tnp_case("mid"), torch.bfloat16, grad=False)[:3]
-    o_old, o_new = fp8_forward(old, q, k, v), today(q, k, v, (0, 1))
-    print(f"mid: old and today's whole forward bitwise equal: {torch.equal(o_old, o_new)}", flush=True)
+    o_old, o_new = fp8_forward(old, q, k, v), fp8_forward(fp8_hopper, q, k, v)
+    print(f"mid: old and today's forward bitwise equal: {torch.equal(o_old, o_new)}", flush=True)
     calls = {
         "cudnn": functools.partial(sdpa(SDPA["sdpa-cudnn"]), q, k, v),
         "bf16": functools.partial(attention_forward, q, k, v),
         "fp8 old": functools.partial(fp8_forward, old, q, k, v),
-        "fp8 today whole": functools.partial(today, q, k, v, (0, 1)),
-        "fp8 today split": functools.partial(today, q, k, v, None),
+        "fp8 today": functools.partial(fp8_forward, fp8_hopper, q, k, v),
     }
     for r in range(6):
         order = calls if r % 2 == 0 else dict(reversed(calls.items()))
         t = {label: do_bench(call, warmup=25, rep=150) for label, call in order.items()}
         line = ", ".join(f"{label} {ms:.3f} ms ({t['cudnn'] / ms:.3f}x)" for label, ms in t.items())
-        print(f"round {r}: {line}; today whole / old {t['fp8 today whole'] / t['fp8 old']:.3f}", flush=True)
+        print(f"round {r}: {line}; today / old {t['fp8 today'] / t['fp8 old']:.3f}", flush=True)
 
 
 if __name__ == "__main__":
