@@ -612,7 +612,7 @@ def fp8_attention_forward(
     cannot run), "triton" for the second. ``record`` receives the config of the forward's launch,
     as "forward".
 
-    Speed (H100, phase 05's report): at D = 64, 1.07x / 1.10x the bf16 ``attention_forward`` at
+    Speed (H100, phase 05's report): at D = 64, 1.03x / 1.10x the bf16 ``attention_forward`` at
     10 000 / 200 000 keys, where the softmax rather than the products bounds both; 0.50x at 64 keys,
     where the separate K/V quantisation launch costs as much as the forward. At D = 128, 0.96x at
     10 000 keys and 1.23x at 200 000.

@@ -28,8 +28,8 @@ S_j = Q8 K8_jᵀ and O += P8_{j-1} V8_{j-1} asynchronously and waits for S_j alo
   row sums count 448 · P: no multiply a score.
 - **Unmasked main loop.** The last tile, where Lk ends inside it, runs in a loop of its own.
 
-Measured on the H100 (phase 05, D = 64, the quantisation launch included): 1.24x / 1.36x cuDNN's
-bf16 forward at mid / large and 1.07x / 1.10x ``forward_hopper``'s; at D = 128, 0.97x cuDNN.
+Measured on the H100 (phase 05, D = 64, the quantisation launch included): 1.17x / 1.36x cuDNN's
+bf16 forward at mid / large and 1.03x / 1.10x ``forward_hopper``'s; at D = 128, 0.97x cuDNN.
 
 Hopper only (sm_90), D in 64 or 128, q TMA-addressable (``forward_hopper.unsupported_reason(q)``);
 no causal mask.
