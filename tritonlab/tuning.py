@@ -20,6 +20,7 @@ anything: ``tuning_tables``.
 
 import contextlib
 import functools
+import hashlib
 import io
 import logging
 import re
@@ -140,6 +141,24 @@ def sass(ptx: str, gpu_name: str) -> str:
         return subprocess.run(
             [knobs.nvidia.cuobjdump.path, "-sass", str(cubin)], capture_output=True, text=True, check=True
         ).stdout
+
+
+def sass_fingerprint(ptx: str, gpu_name: str) -> dict:
+    """The build of ``ptx`` for ``gpu_name`` in two figures (``fingerprint``)."""
+    return fingerprint(sass(ptx, gpu_name))
+
+
+def fingerprint(code: str) -> dict:
+    """A cuobjdump SASS listing in two figures: ``sass_sha``, the first 16 hex digits of the SHA-256
+    of its instructions (no addresses, no encodings, registers unnumbered, spill slots unnamed), and
+    ``instructions``, their count. Tests pin the builds benchmarks timed, since a change that leaves a
+    kernel's output alone can still move ptxas' schedule. Registers and spill slots go unnamed
+    because ptxas (Triton 3.6's) assigns them differently from run to run for one PTX (the fused
+    backward: three assignments in eight runs, the same instructions in the same order)."""
+    code = "\n".join(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?;)", code, re.M))
+    code = re.sub(r"\b(U?R|U?P)\d+\b", r"\1", code)
+    code = re.sub(r"^((?:@!?U?P )?(?:LDL|STL)\S*.*?\[R)\+0x[0-9a-f]+\]", r"\1]", code, flags=re.M)
+    return {"sass_sha": hashlib.sha256(code.encode()).hexdigest()[:16], "instructions": code.count(";")}
 
 
 def parse_ptxas_log(log: str) -> dict:

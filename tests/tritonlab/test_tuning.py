@@ -1,11 +1,12 @@
-"""tritonlab.tuning's ptxas report: registers and spills of a kernel built for a GPU not present."""
+"""tritonlab.tuning: the ptxas report (registers and spills of a kernel built for a GPU not present)
+and the fingerprint of a SASS listing."""
 
 import json
 
 import pytest
 
 from tritonlab.testing import run_without_interpreter, triton_tools_missing
-from tritonlab.tuning import parse_ptxas_log
+from tritonlab.tuning import fingerprint, parse_ptxas_log
 
 _REPORT = r"""
 import json
@@ -54,3 +55,29 @@ def test_the_log_gives_the_most_registers_and_the_total_spills():
 def test_a_log_without_a_report_is_an_error_showing_it():
     with pytest.raises(RuntimeError, match="no register report"):
         parse_ptxas_log("ptxas fatal   : Unresolved extern function")
+
+
+_LISTING = """
+        /*0000*/                   IMAD.MOV.U32 R1, RZ, RZ, c[0x0][0x28] ;    /* 0x00000a00ff017624 */
+        /*0010*/                   STL.64 [R1+0x10], R4 ;                     /* 0x0000100401007387 */
+        /*0020*/               @!P0 BRA 0x80 ;                                /* 0x0000000000008947 */
+        /*fff0*/                   LDL.64 R6, [R1+0x10] ;                     /* 0x0000100001067983 */
+        /*10000*/                  R2UR UR4, R6 ;                             /* 0x00000000060472ca */
+"""
+
+
+def test_a_fingerprint_ignores_register_and_spill_slot_assignment_but_not_instructions():
+    same = _LISTING.replace("R4", "R8").replace("0x10]", "0x18]").replace("UR4", "UR6").replace("P0", "P2")
+    assert fingerprint(_LISTING) == fingerprint(same)
+    assert fingerprint(_LISTING)["instructions"] == 5  # five-digit addresses counted too
+    moved = _LISTING.replace("LDL.64 R6, [R1+0x10] ;", "LDL.64 R6, [R1] ;").replace(
+        "[R1+0x10], R4", "[R1], R4"
+    )
+    assert fingerprint(moved) == fingerprint(_LISTING)  # the slot is a name, the instruction the same
+    other = _LISTING.replace("@!P0 BRA 0x80", "@P0 BRA 0x80")
+    reordered = (
+        _LISTING.replace("@!P0 BRA 0x80 ;", "#")
+        .replace("R2UR UR4, R6 ;", "@!P0 BRA 0x80 ;")
+        .replace("#", "R2UR UR4, R6 ;")
+    )
+    assert fingerprint(other) != fingerprint(_LISTING) and fingerprint(reordered) != fingerprint(_LISTING)

@@ -38,7 +38,7 @@ import torch
 from tritonlab.attention.backward_hopper import CONFIGS, FUSED_CONFIGS, ROWS, _dkdv_kernel
 from tritonlab._gluon import shared_layout
 from tritonlab.testing import hopper_descriptor_type as desc
-from tritonlab.tuning import ptxas_report
+from tritonlab.tuning import ptxas_report, sass_fingerprint
 
 results = {}
 variants = [(d, c, f, df, False) for d in CONFIGS for c in (False, True) for f in (False, True)
@@ -64,12 +64,24 @@ for d, causal, fused, defer, split in variants:
     out = triton.compile(GluonASTSource(_dkdv_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4})
     results[f"{d}-{causal}" + ("-fused" if fused else "") + ("-defer" if defer else "") + ("-split" if split else "")] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps,
-                  **ptxas_report(out.asm["ptx"], "sm_90a")}
+                  **ptxas_report(out.asm["ptx"], "sm_90a"), **sass_fingerprint(out.asm["ptx"], "sm_90a")}
 print(json.dumps(results))
 """
 
 
-@pytest.mark.skipif(triton_tools_missing("ptxas"), reason="needs Triton's ptxas")
+# The fingerprints (tuning.sass_fingerprint) of the builds phase 04's rows (d44f76e) and phase 12's
+# mid rows (f12023d) time, the same at both: at D = 64, not causal, the two-pass dK/dV kernel and
+# the fused one (dQ deferred; immediate in the split tail's launch). A source change that leaves the
+# gradients alone can still move ptxas' schedule (the FP8 forward once lost 1.19x so, phase 05's
+# README): a new fingerprint replaces one only with a timing of its build against the old one.
+TIMED_BUILDS = {
+    "64-False": "7d1d138f4aa2e769",
+    "64-False-fused-defer": "bab3c471e04bd83e",
+    "64-False-fused-split": "75ec8a4f65f7f72b",
+}
+
+
+@pytest.mark.skipif(triton_tools_missing("ptxas", "cuobjdump"), reason="needs Triton's ptxas and cuobjdump")
 def test_the_sm90a_build_fits_hopper():
     results = json.loads(run_without_interpreter(_BUILD).stdout.strip().splitlines()[-1])
     # The fused kernel has a config at D = 64 only (at 128 callers take the two-pass backward).
@@ -85,6 +97,8 @@ def test_the_sm90a_build_fits_hopper():
         # accumulators) 40 bytes, 100 causal -- kept: the fastest configs measured there.
         most = {"128-False": 48, "128-True": 112, "64-False-fused-defer": 180, "64-True-fused-defer": 360}
         assert r["spill_stores"] <= most.get(key, 0), (key, r)
+    for key, sha in TIMED_BUILDS.items():
+        assert results[key]["sass_sha"] == sha, f"{key}: the sm_90a build changed; time it (see TIMED_BUILDS)"
 
 
 @pytest.mark.gpu

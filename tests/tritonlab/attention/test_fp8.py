@@ -553,8 +553,7 @@ from tritonlab.attention.fp8 import KV_BLOCK
 from tritonlab.attention.fp8_hopper import CONFIGS, ROWS_PER_WARPGROUP, _fp8_attn_fwd_hopper_kernel
 from tritonlab._gluon import block_descriptor, shared_layout
 from tritonlab.attention.forward_hopper import descriptor
-from tritonlab.tuning import ptxas_report, sass
-import hashlib
+from tritonlab.tuning import ptxas_report, sass_fingerprint
 
 results = {}
 for d, (block_n, stages) in CONFIGS.items():
@@ -573,22 +572,20 @@ for d, (block_n, stages) in CONFIGS.items():
     out = triton.compile(GluonASTSource(_fp8_attn_fwd_hopper_kernel, sig, consts),
                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     ptx = out.asm["ptx"]
-    # The instructions alone (no addresses, no encodings): the build's fingerprint.
-    code = "\n".join(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?;)", sass(ptx, "sm_90a"), re.M))
     results[d] = {"shared": out.metadata.shared, "warps": out.metadata.num_warps, **ptxas_report(ptx, "sm_90a"),
                   "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\S*", ptx))),
                   "satfinite": "cvt.rn.satfinite.e4m3x2.f32" in ptx,
-                  "sass_sha": hashlib.sha256(code.encode()).hexdigest()[:16], "instructions": code.count(";")}
+                  **sass_fingerprint(ptx, "sm_90a")}
 print(json.dumps(results))
 """
 
 
-# The fingerprints of the sm_90a builds phase 05's rows time (mid at ec03227, large at 1fb999c:
-# the same SASS). A change that leaves the output bit for bit can still move ptxas' schedule: the
+# The fingerprints (tuning.sass_fingerprint) of the sm_90a builds phase 05's rows time (mid at
+# ec03227, large at 1fb999c: the same SASS). A change that leaves the output bit for bit can still move ptxas' schedule: the
 # epilogue shared with forward_hopper once took mid to 1.19x the time (05 README, tried and
 # dropped). A new fingerprint replaces one only with a timing of its build against the old one
 # (reports/data/05_fp8_attn/diagnostics/fp8_regression.py) committed beside.
-TIMED_BUILDS = {"64": "4341205c13b02abe", "128": "06561e9232b98654"}
+TIMED_BUILDS = {"64": "d1db251a84506232", "128": "42a3c746fd6dc36b"}
 
 
 @needs_ptxas
