@@ -69,15 +69,16 @@ print(json.dumps(results))
 """
 
 
-# The fingerprints (tuning.sass_fingerprint) of the builds phase 04's rows (d44f76e) and phase 12's
-# mid rows (f12023d) time, the same at both: at D = 64, not causal, the two-pass dK/dV kernel and
-# the fused one (dQ deferred; immediate in the split tail's launch). A source change that leaves the
+# The fingerprints (tuning.sass_fingerprint) of the builds the reports' rows time, the same at
+# 1fb999c, d44f76e and f12023d: at D = 64, not causal (phases 04 and 12), the two-pass dK/dV kernel
+# and the fused one (dQ deferred; immediate in the split tail's launch); causal, flash2's fused one. A source change that leaves the
 # gradients alone can still move ptxas' schedule (the FP8 forward once lost 1.19x so, phase 05's
 # README): a new fingerprint replaces one only with a timing of its build against the old one.
 TIMED_BUILDS = {
     "64-False": "7d1d138f4aa2e769",
     "64-False-fused-defer": "bab3c471e04bd83e",
     "64-False-fused-split": "75ec8a4f65f7f72b",
+    "64-True-fused-defer": "6cb0871cbb2f37d9",
 }
 
 

@@ -54,11 +54,15 @@ print(json.dumps(results))
 """
 
 
-# The fingerprints (tuning.sass_fingerprint) of the builds phase 02's mid rows (f12023d) and phase
-# 12's time, not causal, whole and with the split tail. A source change that leaves the output alone
+# The fingerprints (tuning.sass_fingerprint) of the builds the reports' rows time: not causal, whole
+# and with the split tail, phase 02's mid rows and phase 12's (f12023d); causal, flash2's (1fb999c). A source change that leaves the output alone
 # can still move ptxas' schedule (the FP8 forward once lost 1.19x so, phase 05's README): a new
 # fingerprint replaces one only with a timing of its build against the old one committed beside.
-TIMED_BUILDS = {"64-False": "bcdb1db96205a9e1", "64-False-split": "d5bf7a13b824ddbb"}
+TIMED_BUILDS = {
+    "64-False": "bcdb1db96205a9e1",
+    "64-False-split": "d5bf7a13b824ddbb",
+    "64-True": "4b872b1fe52575eb",
+}
 
 
 @pytest.mark.skipif(triton_tools_missing("ptxas", "cuobjdump"), reason="needs Triton's ptxas and cuobjdump")
