@@ -10,42 +10,31 @@ today's source had a split tail (since dropped).
 """
 
 import functools
-import importlib.util
 import pathlib
 import sys
-import tempfile
 
 import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from patched import ABSOLUTE_IMPORTS, fp8_forward  # noqa: E402
+from patched import fp8_forward, load_source  # noqa: E402
 
 from common.attention_bench import SDPA, make_inputs, sdpa, tnp_case  # noqa: E402
 from tritonlab.attention import attention_forward, fp8_hopper  # noqa: E402
 
 
-def load_source(path: str):
-    """An ``fp8_hopper.py`` source from ``path`` imported as a module of its own; ``shared_layout``,
-    which it took from ``forward_hopper``, now comes from ``tritonlab._gluon``."""
-    source = pathlib.Path(path).read_text()
-    for old, new in ABSOLUTE_IMPORTS:
-        source = source.replace(old, new)
-    source = source.replace(
+def old_imports(source: str) -> str:
+    """An older ``fp8_hopper.py`` took ``shared_layout`` from ``forward_hopper``; it is in
+    ``tritonlab._gluon`` now."""
+    return source.replace(
         "SOFTMAX_WARPGROUPS, descriptor, shared_layout",
         "SOFTMAX_WARPGROUPS, descriptor\nfrom tritonlab._gluon import shared_layout",
     )
-    file = pathlib.Path(tempfile.mkdtemp()) / "fp8_hopper_old.py"
-    file.write_text(source)
-    spec = importlib.util.spec_from_file_location("fp8_hopper_old", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main():
     print(f"# {torch.cuda.get_device_name()}", flush=True)
-    old = load_source(sys.argv[1])
+    old = load_source(sys.argv[1], "fp8_hopper_old", old_imports)
     q, k, v = make_inputs(tnp_case("mid"), torch.bfloat16, grad=False)[:3]
     o_old, o_new = fp8_forward(old, q, k, v), fp8_forward(fp8_hopper, q, k, v)
     print(f"mid: old and today's forward bitwise equal: {torch.equal(o_old, o_new)}", flush=True)

@@ -19,7 +19,12 @@ ABSOLUTE_IMPORTS = [
 def load_patched(library_file: str, name: str, edit) -> object:
     """The module of ``tritonlab/attention/<library_file>`` whose source ``edit`` (str -> str) changed,
     written to a file of its own (Gluon reads a kernel's source from its file) and imported as ``name``."""
-    source = pathlib.Path(f"tritonlab/attention/{library_file}").read_text()
+    return load_source(f"tritonlab/attention/{library_file}", name, edit)
+
+
+def load_source(path: str, name: str, edit) -> object:
+    """``load_patched`` for a library module's source at any ``path`` (an older commit's, say)."""
+    source = pathlib.Path(path).read_text()
     for old, new in ABSOLUTE_IMPORTS:
         source = source.replace(old, new)
     path = pathlib.Path(tempfile.mkdtemp()) / f"{name}.py"

@@ -86,6 +86,17 @@ def idle_by_size(kernels, bounds_us=(1.0, 2.0, 5.0, 20.0, 100.0)) -> list:
     return [tuple(c) for c in classes]
 
 
+def step_ms(step) -> float:
+    """The wall time a step of ``STEPS`` calls of ``step`` back to back (CUDA events)."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(STEPS):
+        step()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / STEPS
+
+
 def profile_variant(shape, variant: str) -> None:
     cfg = TNPConfig()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -100,20 +111,10 @@ def profile_variant(shape, variant: str) -> None:
     for _ in range(WARMUP):
         train_step(model, loss_fn, optimizer, tasks, torch.bfloat16)
     torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(STEPS):
-        train_step(model, loss_fn, optimizer, tasks, torch.bfloat16)
-    stop.record()
-    torch.cuda.synchronize()
-    plain_ms = start.elapsed_time(stop) / STEPS
+    step = functools.partial(train_step, model, loss_fn, optimizer, tasks, torch.bfloat16)
+    plain_ms = step_ms(step)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        start.record()
-        for _ in range(STEPS):
-            train_step(model, loss_fn, optimizer, tasks, torch.bfloat16)
-        stop.record()
-        torch.cuda.synchronize()
-    wall_ms = start.elapsed_time(stop) / STEPS
+        wall_ms = step_ms(step)
     kernels = cuda_kernel_events(prof.events())
     gpu = summarize_kernels([(e.name, e.time_range.start, e.time_range.end) for e in kernels], STEPS)
     per_kernel, count = defaultdict(float), defaultdict(int)
