@@ -1,0 +1,111 @@
+"""How low the host time of one attention forward + backward can go at the TransformerNP's small
+shape, where the plain call is bound by the host: SDPA cuDNN's call, ours, and two floors of a
+Python ``torch.autograd.Function`` with ours' inputs and outputs -- the same allocations and two
+launches of an empty compiled kernel, then the allocations alone -- beside the host time of each
+piece of our call path on its own. Host microseconds a call, the GPU not waited for, median of
+``ROUNDS`` rounds of ``CALLS`` calls.
+
+    PYTHONPATH=. python3 reports/data/04_fused_attn/diagnostics/host_floor.py
+"""
+
+import statistics
+import time
+from functools import partial
+
+import torch
+import triton
+
+from common.attention_bench import make_inputs, run_case, sdpa_variants, tnp_case
+from tritonlab._launch import LaunchCache, first_launch, launch, signature_key
+from tritonlab.attention import backward, forward_hopper, fused_attention
+from tritonlab.attention._common import check_qkv, softmax_scale
+from tritonlab.attention.forward import _forward_outputs
+
+CALLS, ROUNDS = 300, 7
+
+
+@triton.jit
+def _empty_kernel(X):
+    pass
+
+
+_EMPTY = LaunchCache(first_launch)
+
+
+def _launch_empty(t: torch.Tensor) -> None:
+    launch(_EMPTY, _empty_kernel, (1,), (t,), (), {})
+
+
+class _Floor(torch.autograd.Function):
+    """Ours' outputs and buffers with nothing computed: o and lse, then dQ and the dK/dV buffer."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, with_launch):
+        o, lse = _forward_outputs(q)
+        if with_launch:
+            _launch_empty(o)
+        ctx.with_launch = with_launch
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq = backward._like_q_layout(q)
+        grads, _ = backward._key_grad_buffers(k, 1)
+        if ctx.with_launch:
+            _launch_empty(grads)
+        return dq, grads[0], grads[1], None
+
+
+def host_us(call) -> float:
+    """Median over rounds of the host's microseconds a call."""
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    rounds = []
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            call()
+        rounds.append((time.perf_counter() - start) * 1e6 / CALLS)
+        torch.cuda.synchronize()
+    return statistics.median(rounds)
+
+
+def main() -> None:
+    q, k, v, do = make_inputs(tnp_case("small"), torch.bfloat16, grad=True)
+    print(
+        f"# {torch.cuda.get_device_name()}, small: q {tuple(q.shape)}, k {tuple(k.shape)}, bf16", flush=True
+    )
+    whole = {
+        "sdpa-cudnn fwd+bwd": partial(run_case, sdpa_variants()["sdpa-cudnn"], q, k, v, do, True),
+        "ours fwd+bwd (fused_attention)": partial(run_case, fused_attention, q, k, v, do, True),
+        "ours fwd alone": partial(run_case, fused_attention, q, k, v, do, False),
+        "floor: Function, allocations, 2 empty launches": partial(
+            run_case, lambda *t: _Floor.apply(*t, True), q, k, v, do, True
+        ),
+        "floor: Function, allocations": partial(
+            run_case, lambda *t: _Floor.apply(*t, False), q, k, v, do, True
+        ),
+    }
+    for name, call in whole.items():
+        print(f"{name:48s} {host_us(call):7.1f} us", flush=True)
+    scale = softmax_scale(q.shape[-1], None)
+    pieces = {
+        "check_qkv": partial(check_qkv, q, k, v, ndim=4),
+        "softmax_scale": partial(softmax_scale, q.shape[-1], None),
+        "forward_hopper.unsupported_reason": partial(forward_hopper.unsupported_reason, q, k, v),
+        "signature_key(q, k, v)": partial(signature_key, q, k, v),
+        "_forward_outputs (2 allocations)": partial(_forward_outputs, q),
+        "backward._uses_gluon": partial(backward._uses_gluon, q, k, v, do),
+        "torch.empty": partial(torch.empty, (64, 8), device="cuda"),
+        "empty launch through launch()": partial(_launch_empty, q),
+        "ours forward, checked (_checked_forward)": partial(backward._checked_forward, q, k, v, scale),
+    }
+    for name, call in pieces.items():
+        print(f"  {name:46s} {host_us(call):7.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
