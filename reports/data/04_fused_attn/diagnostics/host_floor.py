@@ -17,7 +17,7 @@ import triton
 
 from common.attention_bench import make_inputs, run_case, sdpa_variants, tnp_case
 from tritonlab._launch import LaunchCache, first_launch, launch, signature_key
-from tritonlab.attention import backward, forward_hopper, fused_attention
+from tritonlab.attention import backward, forward_hopper, fused, fused_attention
 from tritonlab.attention._common import check_qkv, softmax_scale
 from tritonlab.attention.forward import _forward_outputs
 
@@ -92,6 +92,8 @@ def main() -> None:
     for name, call in whole.items():
         print(f"{name:48s} {host_us(call):7.1f} us", flush=True)
     scale = softmax_scale(q.shape[-1], None)
+    with torch.no_grad():
+        o, lse = backward._checked_forward(q, k, v, scale)
     pieces = {
         "check_qkv": partial(check_qkv, q, k, v, ndim=4),
         "softmax_scale": partial(softmax_scale, q.shape[-1], None),
@@ -102,6 +104,15 @@ def main() -> None:
         "torch.empty": partial(torch.empty, (64, 8), device="cuda"),
         "empty launch through launch()": partial(_launch_empty, q),
         "ours forward, checked (_checked_forward)": partial(backward._checked_forward, q, k, v, scale),
+        "ours backward (fused._fused_backward)": partial(fused._fused_backward, q, k, v, o, lse, do, scale),
+        "fused._deterministic_fused_backward": partial(
+            fused._deterministic_fused_backward, q, k, v, o, lse, do, scale
+        ),
+        "signature_key(q, k, v, o, do)": partial(signature_key, q, k, v, o, do),
+        "_key_grad_buffers + _like_q_layout": lambda: (
+            backward._key_grad_buffers(k, 1),
+            backward._like_q_layout(q),
+        ),
     }
     for name, call in pieces.items():
         print(f"  {name:46s} {host_us(call):7.1f} us", flush=True)
