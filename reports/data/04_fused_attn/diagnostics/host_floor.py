@@ -68,6 +68,62 @@ class _Floor(torch.autograd.Function):
         return dq, grads[0], grads[1], None, None
 
 
+class _Timeline(torch.autograd.Function):
+    """The floor's forward; a backward that stamps the host clock on entry, around its launch or our
+    backward, and on exit, into ``STAMPS``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, what):
+        o, lse = _forward_outputs(q)
+        ctx.what = what
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        t1 = time.perf_counter()
+        q, k, v, o, lse = ctx.saved_tensors
+        if ctx.what == "ours":
+            t2 = time.perf_counter()
+            dq, grads = fused._fused_backward(q, k, v, o, lse, do, SCALE)
+        else:
+            dq = backward._like_q_layout(q)
+            grads, _ = backward._key_grad_buffers(k, 1)
+            t2 = time.perf_counter()
+            if ctx.what == "launch":
+                _launch_empty(grads)
+        t3 = time.perf_counter()
+        STAMPS.append([t1, t2, t3])
+        return dq, grads[0], grads[1], None
+
+
+STAMPS: list = []
+
+
+def timeline(what: str, q, k, v, do) -> str:
+    """Medians (us) of: grad() entered -> backward entered, -> its launch or our backward starts,
+    -> it returns, -> grad() returns."""
+    spans = []
+    for i in range(CALLS):
+        STAMPS.clear()
+        t0 = time.perf_counter()
+        o = _Timeline.apply(q, k, v, what)
+        ta = time.perf_counter()
+        torch.autograd.grad(o, (q, k, v), do)
+        t4 = time.perf_counter()
+        t1, t2, t3 = STAMPS[0]
+        if i >= 20:
+            spans.append((ta - t0, t1 - ta, t2 - t1, t3 - t2, t4 - t3))
+        if i % 50 == 0:
+            torch.cuda.synchronize()
+    med = [statistics.median(col) * 1e6 for col in zip(*spans, strict=True)]
+    return (
+        "forward {:.1f}, to backward {:.1f}, its allocations {:.1f}, launch/ours {:.1f}, back {:.1f}".format(
+            *med
+        )
+    )
+
+
 def floor(launches: bool, real: str | None = None):
     return lambda q, k, v: _Floor.apply(q, k, v, launches, real)
 
@@ -108,6 +164,8 @@ def main() -> None:
     gc.disable()  # whether the collector's passes over more Python objects explain any of it
     print(f"{'ours fwd+bwd, gc disabled':48s} {host_us(whole['ours fwd+bwd (fused_attention)']):7.1f} us")
     gc.enable()
+    for what in ("none", "launch", "ours"):
+        print(f"timeline, backward {what:6s}: {timeline(what, q, k, v, do)} us", flush=True)
     scale = softmax_scale(q.shape[-1], None)
     assert scale == SCALE
     with torch.no_grad():
