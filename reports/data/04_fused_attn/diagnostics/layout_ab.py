@@ -32,30 +32,35 @@ def event_ms(fn, calls: int) -> float:
     return statistics.median(times)
 
 
+def compare(name: str) -> None:
+    q, k, v, do = make_inputs(tnp_case(name), torch.bfloat16, grad=False)
+    layouts = {
+        "model": (q, k, v, do),
+        "contiguous": tuple(t.contiguous() for t in (q, k, v, do)),
+        "q,dO contiguous": (q.contiguous(), k, v, do.contiguous()),
+    }
+    calls, rounds = (20, 4) if name == "mid" else (2, 2)
+    print(f"# {torch.cuda.get_device_name()}, {name}: q {tuple(q.shape)}, k {tuple(k.shape)}", flush=True)
+    for r in range(rounds):
+        line = []
+        for label, (lq, lk, lv, ldo) in layouts.items():
+            o, lse = _checked_forward(lq, lk, lv, SCALE)
+            fwd = event_ms(lambda a=lq, b=lk, c=lv: _checked_forward(a, b, c, SCALE), calls)
+            bwd = event_ms(
+                lambda a=lq, b=lk, c=lv, oo=o, ll=lse, d=ldo: fused._fused_backward(
+                    a, b, c, oo, ll, d, SCALE
+                ),
+                calls,
+            )
+            line.append(f"{label}: fwd {fwd:8.3f} bwd {bwd:8.3f}")
+        print(f"{name} round {r}: " + " | ".join(line) + " ms", flush=True)
+    copies = event_ms(lambda: (q.contiguous(), do.contiguous()), calls)
+    print(f"{name}: copying q and dO to contiguous {copies:.3f} ms", flush=True)
+
+
 def main() -> None:
     for name in sys.argv[1:] or ["mid", "large"]:
-        q, k, v, do = make_inputs(tnp_case(name), torch.bfloat16, grad=False)
-        layouts = {
-            "model": (q, k, v, do),
-            "contiguous": tuple(t.contiguous() for t in (q, k, v, do)),
-            "q,dO contiguous": (q.contiguous(), k, v, do.contiguous()),
-        }
-        calls, rounds = (20, 4) if name == "mid" else (2, 2)
-        print(f"# {torch.cuda.get_device_name()}, {name}: q {tuple(q.shape)}, k {tuple(k.shape)}", flush=True)
-        for r in range(rounds):
-            line = []
-            for label, (lq, lk, lv, ldo) in layouts.items():
-                o, lse = _checked_forward(lq, lk, lv, SCALE)
-                fwd = event_ms(lambda a=lq, b=lk, c=lv: _checked_forward(a, b, c, SCALE), calls)
-                bwd = event_ms(
-                    lambda a=lq, b=lk, c=lv, oo=o, ll=lse, d=ldo: fused._fused_backward(a, b, c, oo, ll, d, SCALE),
-                    calls,
-                )
-                line.append(f"{label}: fwd {fwd:8.3f} bwd {bwd:8.3f}")
-            print(f"{name} round {r}: " + " | ".join(line) + " ms", flush=True)
-        copies = event_ms(lambda: (q.contiguous(), do.contiguous()), calls)
-        print(f"{name}: copying q and dO to contiguous {copies:.3f} ms", flush=True)
-        del q, k, v, do, layouts
+        compare(name)
         torch.cuda.empty_cache()
 
 
