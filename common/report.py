@@ -294,8 +294,11 @@ class Verdict:
     goal: float | None
     gpu: str
     utc: str
+    failure: str = ""  # ours failed in a run newer than every ok one: the verdict says so
 
     def verdict(self) -> str:
+        if self.failure:
+            return f"failed: {self.failure}"
         if self.goal is None:
             return "no goal"
         if pd.isna(self.ratio):
@@ -335,14 +338,23 @@ def best_baseline_verdict(
 
     ``where`` selects the cell's rows (column -> value); ``ours`` is our variant (or the candidates, the
     best of which counts); the ratio is taken against the best of ``baselines`` in the same run group.
-    None when the cell has no ok row of ours."""
-    rows = df.loc[df["status"] == "ok"]
+    None when the cell has no ok row of ours. Where ours' newest row is an error newer than every ok
+    one, the verdict is that failure, not an older run's ratio."""
+    cell_rows = df
     for col, value in where.items():
-        if col not in rows:
+        if col not in cell_rows:
             return None
-        rows = rows.loc[rows[col].astype(str) == str(value)]
+        cell_rows = cell_rows.loc[cell_rows[col].astype(str) == str(value)]
     candidates = [ours] if isinstance(ours, str) else list(ours)
+    rows = cell_rows.loc[cell_rows["status"] == "ok"]
     mine = rows.loc[rows["variant"].isin(candidates)]
+    errors = cell_rows.loc[(cell_rows["status"] == "error") & cell_rows["variant"].isin(candidates)]
+    if not errors.empty and (mine.empty or errors["utc"].max() > mine["utc"].max()):
+        newest = errors.loc[errors["utc"] == errors["utc"].max()].iloc[0]
+        return Verdict(
+            phase, cell, str(newest["variant"]), "", float("nan"), goal, newest["gpu"], newest["utc"],
+            failure=str(newest.get("error", "error"))[:120],
+        )  # fmt: skip
     if mine.empty or metric not in rows:
         return None
     group = verdict_run(rows, candidates, baselines, metric, higher_is_better)

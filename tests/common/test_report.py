@@ -180,3 +180,16 @@ def test_cpu_rows_get_no_times_ratios_or_verdicts(tmp_path):
 def test_a_narrow_miss_is_not_rounded_to_zero():
     near = Verdict("p", "cell", "ours", "base", ratio=0.9968, goal=1.0, gpu="g", utc="2026-11-25")
     assert near.verdict() == "missed by 0.3%"
+
+
+def test_a_newer_failure_of_ours_is_the_verdict_not_the_older_ratio():
+    failed = CUT_SHORT + "demo,fast,s,bf16,error,O out of bounds,,H100,2026-05-01T00:00:00Z,r6,r6,1e5\n"
+    df = pd.read_csv(pd.io.common.StringIO(failed), dtype={"git_commit": str})
+    verdict = three_baseline_verdict(df)
+    assert verdict.verdict() == "failed: O out of bounds" and pd.isna(verdict.ratio)
+    assert verdict.as_row()["date"] == "2026-05-01"
+    # An older failure does not hide a newer success.
+    recovered = failed + "demo,fast,s,bf16,ok,,4.1,H100,2026-06-01T00:00:00Z,r7,r7,1e5\n"
+    recovered += "demo,liger,s,bf16,ok,,6.2,H100,2026-06-01T00:00:01Z,r7,r7,1e5\n"
+    df = pd.read_csv(pd.io.common.StringIO(recovered), dtype={"git_commit": str})
+    assert three_baseline_verdict(df).ratio == pytest.approx(6.2 / 4.1)
