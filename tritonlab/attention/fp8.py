@@ -471,7 +471,7 @@ def _fp8_forward_tiled(q, k, v, scale: float, record: ConfigRecord | None = None
     if gluon:
         fp8_hopper.forward(q, k8, k_scales, v8t, v_scales, v_means, o, lse, scale * LOG2E, KV_BLOCK, Lk)
         if record is not None:
-            record.note("forward", fp8_hopper.config_string(D))
+            record.note("forward", fp8_hopper.config_string(D, Lk))
         return o, lse, fp8_hopper.ROWS_PER_WARPGROUP
     tensors = (q, k8, v8t, k_scales, v_scales, v_means, o, lse, scale * LOG2E)
     shape_args = _shape_args(q, o, Lk, k8.shape[1], k_scales.shape[1])
