@@ -111,8 +111,8 @@ _E4M3_MAX = tl.constexpr(FP8_MAX)  # 448, as the kernels see it
 # Frobenius error of dQ, dK, dV (measured: 4-7%, the forward's own error: they are the gradients of
 # the quantised attention); and that of dQ, dK, dV against the float64 gradient of attention at the
 # quantised inputs q̃, k̃, ṽ (measured: 0.03-0.7% at unit variance, 1.3% at inputs x3). On Hopper
-# the error of O grows with Lk: e4m3 wgmma sums P V across every key tile in reduced precision (at
-# D = 128, 5.4% at 10 000 keys, 9.2% at 200 000; 05 README, known defect).
+# the error of O grows with the key tiles one accumulator sums (e4m3 wgmma adds in reduced
+# precision): fp8_hopper runs long rows in key chunks (MAX_SUM_TILES) to stay within ERROR_BOUND.
 ERROR_BOUND = 0.08
 LSE_BOUND = 0.25
 GRAD_BOUND = 0.08
@@ -617,8 +617,8 @@ def fp8_attention_forward(
     Speed (H100, phase 05's report): at D = 64, 1.03x / 1.10x the bf16 ``attention_forward`` at
     10 000 / 200 000 keys, where the softmax rather than the products bounds both; 0.50x at 64 keys,
     where the separate K/V quantisation launch costs as much as the forward. At D = 128, 0.96x at
-    10 000 keys. Accuracy: ``ERROR_BOUND`` holds up to 200 000 keys at D = 64 and 50 000 at D = 128;
-    beyond, the error of O grows with the keys a row sees (9.2% at D = 128 and 200 000 keys).
+    10 000 keys and 1.10x cuDNN (0.98x the bf16 forward) at 200 000, where the rows run in two key
+    chunks (``fp8_hopper.MAX_SUM_TILES``) to keep O's error within ``ERROR_BOUND``.
     """
     scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8, impl)
     if use_fp8:
