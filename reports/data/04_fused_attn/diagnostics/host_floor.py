@@ -70,12 +70,12 @@ class _Floor(torch.autograd.Function):
 
 class _Timeline(torch.autograd.Function):
     """The floor's forward; a backward that stamps the host clock on entry, around its launch or our
-    backward, and on exit, into ``STAMPS``."""
+    backward, and on exit, into the ``stamps`` list its forward was given."""
 
     @staticmethod
-    def forward(ctx, q, k, v, what):
+    def forward(ctx, q, k, v, what, stamps):
         o, lse = _forward_outputs(q)
-        ctx.what = what
+        ctx.what, ctx.stamps = what, stamps
         ctx.save_for_backward(q, k, v, o, lse)
         return o
 
@@ -93,11 +93,8 @@ class _Timeline(torch.autograd.Function):
             if ctx.what == "launch":
                 _launch_empty(grads)
         t3 = time.perf_counter()
-        STAMPS.append([t1, t2, t3])
-        return dq, grads[0], grads[1], None
-
-
-STAMPS: list = []
+        ctx.stamps.append([t1, t2, t3])
+        return dq, grads[0], grads[1], None, None
 
 
 def timeline(what: str, q, k, v, do) -> str:
@@ -105,13 +102,13 @@ def timeline(what: str, q, k, v, do) -> str:
     -> it returns, -> grad() returns."""
     spans = []
     for i in range(CALLS):
-        STAMPS.clear()
+        stamps = []
         t0 = time.perf_counter()
-        o = _Timeline.apply(q, k, v, what)
+        o = _Timeline.apply(q, k, v, what, stamps)
         ta = time.perf_counter()
         torch.autograd.grad(o, (q, k, v), do)
         t4 = time.perf_counter()
-        t1, t2, t3 = STAMPS[0]
+        t1, t2, t3 = stamps[0]
         if i >= 20:
             spans.append((ta - t0, t1 - ta, t2 - t1, t3 - t2, t4 - t3))
         if i % 50 == 0:
