@@ -98,7 +98,7 @@ def _fp8_load_partition(q_desc, k_desc, vt_desc, q_bufs, k_bufs, v_bufs, q_bars,
         # The slot's previous tile must be released by every consumer first.
         mbarrier.wait(empty_bars.index(slot), ((j // STAGES) + 1) & 1, pred=j >= STAGES)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-        # A key chunk's tiles from t0, behind a constant: the whole blocks' build stays as timed.
+        # A key chunk's tiles from t0, behind a constant: the one-chunk build stays as timed.
         key = (t0 + j) * BLOCK_N if SPLIT_KV else j * BLOCK_N
         tma.async_copy_global_to_shared(k_desc, [bh, key, 0], k_bars.index(slot), k_bufs.index(slot))
         mbarrier.expect(v_bars.index(slot), vt_desc.block_type.nbytes)
