@@ -330,18 +330,23 @@ def _fp8_attn_fwd_split_kernel(
     H, Lq, Lk, n_blocks, first_block, split,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_BLOCK: gl.constexpr, Q8_LAYOUT: gl.constexpr, P8_LAYOUT: gl.constexpr,
 ):  # fmt: skip
-    """Long rows in key chunks (``forward``): program t takes query block first_block + t // split
-    over key chunk t % split and stores its rows' shares at PARTS from row t * BLOCK_M."""
+    """Long rows in key chunks (``forward``): chunk-major, program t takes query block
+    first_block + t % blocks over key chunk t // blocks (``blocks``: the launch's query blocks) and
+    stores its rows' shares at PARTS from row (block index · split + chunk) · BLOCK_M. The programs
+    that run at once then read one chunk's keys, as one-chunk programs read the same keys."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2] * 3  # SOFTMAX_WARPGROUPS of ROWS_PER_WARPGROUP
     n_m = gl.cdiv(Lq, BLOCK_M)
     t = gl.program_id(0)
-    block = first_block + t // split
-    chunk = t % split
+    blocks = gl.num_programs(0) // split
+    local = t % blocks
+    block = first_block + local
+    chunk = t // blocks
     all_tiles = gl.cdiv(Lk, BLOCK_N)
     t0 = chunk * all_tiles // split
     _fp8_program(q_desc, k_desc, vt_desc, KS, VS, VM, None, None, qk_scale, 0, 0, 0, H, Lq, Lk, n_blocks,
-                 block // n_m, (block % n_m) * BLOCK_M, (chunk + 1) * all_tiles // split - t0, t0, PARTS, t * BLOCK_M,
-                 HEAD_DIM, BLOCK_N, STAGES, KV_BLOCK, Q8_LAYOUT, P8_LAYOUT, True)  # fmt: skip
+                 block // n_m, (block % n_m) * BLOCK_M, (chunk + 1) * all_tiles // split - t0, t0, PARTS,
+                 (local * split + chunk) * BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, KV_BLOCK, Q8_LAYOUT, P8_LAYOUT,
+                 True)  # fmt: skip
 
 
 # Per head dim: (BLOCK_N, STAGES). BLOCK_N divides KV_BLOCK, so a tile has one K and one V scale.
