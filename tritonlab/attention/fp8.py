@@ -617,7 +617,7 @@ def fp8_attention_forward(
     Speed (H100, phase 05's report): at D = 64, 1.03x / 1.10x the bf16 ``attention_forward`` at
     10 000 / 200 000 keys, where the softmax rather than the products bounds both; 0.50x at 64 keys,
     where the separate K/V quantisation launch costs as much as the forward. At D = 128, 0.96x at
-    10 000 keys and 1.10x cuDNN (0.98x the bf16 forward) at 200 000, where the rows run in two key
+    10 000 keys and 1.12x cuDNN (1.01x the bf16 forward) at 200 000, where the rows run in two key
     chunks (``fp8_hopper.MAX_SUM_TILES``) to keep O's error within ``ERROR_BOUND``.
     """
     scale, use_fp8 = _fp8_or_fallback(q, k, v, scale, force_fp8, impl)

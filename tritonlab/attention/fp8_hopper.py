@@ -34,7 +34,7 @@ S_j = Q8 K8_jᵀ and O += P8_{j-1} V8_{j-1} asynchronously and waits for S_j alo
   ``forward_hopper.combine_parts``.
 
 Measured on the H100 (phase 05, D = 64, the quantisation launch included): 1.17x / 1.36x cuDNN's
-bf16 forward at mid / large and 1.03x / 1.10x ``forward_hopper``'s; at D = 128, 0.97x / 1.10x
+bf16 forward at mid / large and 1.03x / 1.10x ``forward_hopper``'s; at D = 128, 0.97x / 1.12x
 cuDNN (large in two key chunks).
 
 Hopper only (sm_90), D in 64 or 128, q TMA-addressable (``forward_hopper.unsupported_reason(q)``);
@@ -367,9 +367,9 @@ def config_string(head_dim: int, lk: int = 1) -> str:
 # wgmma adds each tile's P V into the fp32 accumulator in reduced precision, so O's error grows with
 # the tiles a row sums: measured on the H100 against float32 (05 README, diagnostics/fp8_long_rows),
 # 5.4-5.7% up to 781 tiles, 6.6% at 1 563 (200 000 keys at D = 64), 9.2% at 3 125 (200 000 at
-# D = 128), against ERROR_BOUND's 8%. Chunks cost nothing at D = 128 (140 ms at large in 2 or 4 chunks
-# against 136-142 in one) but 1.12x at D = 64 (170 against 152 ms; diagnostics/fp8_key_chunks), so
-# the limit keeps D = 64's 200 000 keys in one chunk.
+# D = 128), against ERROR_BOUND's 8%. At large, chunks take D = 128 from 137-141 ms to 131-135 (two)
+# but D = 64 from 148-154 to 162 (diagnostics/fp8_key_chunks), so the limit keeps D = 64's 200 000
+# keys in one chunk.
 MAX_SUM_TILES = 1600
 
 

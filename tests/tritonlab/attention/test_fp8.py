@@ -587,11 +587,11 @@ print(json.dumps(results))
 
 
 # The fingerprints (tuning.sass_fingerprint) of the sm_90a builds phase 05's rows time (mid at
-# ec03227, large at 1fb999c: the same SASS; large-d128's key chunks at e8bf910). A change that leaves the output bit for bit can still move ptxas' schedule: the
+# ec03227, large at 1fb999c: the same SASS; large-d128's key chunks, chunk-major, at adc9772). A change that leaves the output bit for bit can still move ptxas' schedule: the
 # epilogue shared with forward_hopper once took mid to 1.19x the time (05 README, tried and
 # dropped). A new fingerprint replaces one only with a timing of its build against the old one
 # (reports/data/05_fp8_attn/diagnostics/fp8_regression.py) committed beside.
-TIMED_BUILDS = {"64": "d1db251a84506232", "128": "42a3c746fd6dc36b", "128-split": "bcf2500cc680d5d4"}
+TIMED_BUILDS = {"64": "d1db251a84506232", "128": "42a3c746fd6dc36b", "128-split": "59202ecbbf2e1f47"}
 
 
 @needs_ptxas
