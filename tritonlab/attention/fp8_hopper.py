@@ -356,7 +356,7 @@ CONFIGS = {64: (128, 4), 128: (64, 4)}
 def config_string(head_dim: int, lk: int = 1) -> str:
     """The config a call at ``head_dim`` over ``lk`` keys runs, as the benchmark rows record it."""
     block_n, stages = CONFIGS[head_dim]
-    chunks = key_chunks(lk, head_dim)
+    chunks = key_chunks(lk, block_n)
     return (
         f"gluon-fp8:BLOCK_M={BLOCK_M},BLOCK_N={block_n},stages={stages},warpgroups={SOFTMAX_WARPGROUPS}+load"
         + (f",key_chunks={chunks}" if chunks > 1 else "")
@@ -373,9 +373,10 @@ def config_string(head_dim: int, lk: int = 1) -> str:
 MAX_SUM_TILES = 1600
 
 
-def key_chunks(lk: int, head_dim: int) -> int:
-    """The key chunks a row of ``lk`` keys runs in at ``head_dim``: each sums at most MAX_SUM_TILES."""
-    return cdiv(cdiv(lk, CONFIGS[head_dim][0]), MAX_SUM_TILES)
+def key_chunks(lk: int, block_n: int) -> int:
+    """The key chunks a row of ``lk`` keys in tiles of ``block_n`` runs in: each sums at most
+    MAX_SUM_TILES tiles."""
+    return cdiv(cdiv(lk, block_n), MAX_SUM_TILES)
 
 
 # Compiled once per signature of q, o and the quantised K/V (and the scale), then launched directly.
@@ -399,7 +400,7 @@ def forward(
     block_n, stages = config or CONFIGS[D]
     programs = cdiv(Lq, BLOCK_M) * B * H
     n_key_tiles = cdiv(lk, block_n)
-    split = cdiv(n_key_tiles, MAX_SUM_TILES) if split is None else split
+    split = key_chunks(lk, block_n) if split is None else split
     if not 1 <= split <= n_key_tiles:
         raise ValueError(
             f"split: expected 1..{n_key_tiles} key chunks (one per key tile at most), got {split}"

@@ -696,8 +696,9 @@ def test_gpu_key_chunks_match_float64_and_the_one_chunk_forward(B, H, Lq, Lk, D,
 def test_key_chunks_follow_max_sum_tiles_and_a_bad_split_is_a_value_error():
     from tritonlab.attention import fp8_hopper
 
-    assert fp8_hopper.key_chunks(10_000, 64) == 1 and fp8_hopper.key_chunks(200_000, 64) == 1  # 1 563 tiles
-    assert fp8_hopper.key_chunks(200_000, 128) == 2  # 3 125 tiles of 64 keys
+    tiles = {d: fp8_hopper.CONFIGS[d][0] for d in (64, 128)}  # the key tile at each head dim
+    assert fp8_hopper.key_chunks(10_000, tiles[64]) == 1 and fp8_hopper.key_chunks(200_000, tiles[64]) == 1
+    assert fp8_hopper.key_chunks(200_000, tiles[128]) == 2  # 3 125 tiles of 64 keys
     q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)  # one query block, 1 key tile of 128
     k8 = torch.zeros(1, 128, 64, dtype=torch.float8_e4m3fn)
     scales = torch.ones(1, 1)

@@ -6,38 +6,30 @@ Frobenius error of O against cuDNN's.
     PYTHONPATH=. python3 reports/data/05_fp8_attn/diagnostics/fp8_key_chunks.py
 """
 
+import pathlib
+import sys
+
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from common.attention_bench import Case, make_inputs
-from tritonlab.attention import fp8, fp8_hopper
-from tritonlab.attention._common import LOG2E
-from tritonlab.attention.forward import _forward_outputs
-
-
-def chunked(q, k, v, split: int):
-    k8, ks, v8t, vs, vm = fp8._quantize_kv(k, v)
-    o, lse = _forward_outputs(q)
-    scale = q.shape[-1] ** -0.5 * LOG2E
-    fp8_hopper.forward(q, k8, ks, v8t, vs, vm, o, lse, scale, fp8.KV_BLOCK, k.shape[2], split=split)
-    return o
-
-
-def cudnn(q, k, v):
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return F.scaled_dot_product_attention(q, k, v)
+from tritonlab.attention import fp8_hopper
 
 
 def compare(d: int) -> None:
+    from gluon_fp8_configs import cudnn, rel
+    from patched import fp8_forward
+
+    def chunked(q, k, v, split: int):
+        return fp8_forward(fp8_hopper, q, k, v, split=split)
+
     q, k, v = make_inputs(Case(f"large-d{d}", 1, 205_000, 200_000, 512 // d, d), torch.bfloat16, grad=False)[
         :3
     ]
-    ref = cudnn(q, k, v).float()
-    errors = {s: ((chunked(q, k, v, s).float() - ref).norm() / ref.norm()).item() for s in (1, 2, 4)}
+    ref = cudnn(q, k, v)
+    errors = {s: rel(chunked(q, k, v, s), ref) for s in (1, 2, 4)}
     print(
-        f"D {d}: default chunks {fp8_hopper.key_chunks(200_000, d)}; error of O "
+        f"D {d}: default chunks {fp8_hopper.key_chunks(200_000, fp8_hopper.CONFIGS[d][0])}; error of O "
         + "  ".join(f"{s} chunk(s) {e:.4f}" for s, e in errors.items()),
         flush=True,
     )
@@ -52,6 +44,7 @@ def compare(d: int) -> None:
 
 
 def main() -> None:
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
     print(
         f"# {torch.cuda.get_device_name()}: large (B 1, Lq 205 000, Lk 200 000), H·D = 512, bf16", flush=True
     )

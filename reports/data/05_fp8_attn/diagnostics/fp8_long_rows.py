@@ -33,12 +33,9 @@ EDITS = [
 LQ = 2048
 
 
-def frob(o, ref) -> float:
-    return ((o.float() - ref).norm() / ref.norm()).item()
-
-
 def main() -> None:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from gluon_fp8_configs import rel
     from patched import fp8_forward, load_patched, replace_all
 
     from tritonlab.attention import fp8_attention_forward, fp8_hopper
@@ -60,7 +57,7 @@ def main() -> None:
                     a, b, c, impl="triton", force_fp8=True
                 )[0],
             }
-            errors = "  ".join(f"{name} {frob(call(), ref):.4f}" for name, call in calls.items())
+            errors = "  ".join(f"{name} {rel(call(), ref):.4f}" for name, call in calls.items())
             line = f"D {d:3d} Lk {lk:7d}: error of O {errors}"
             if lk == 200_000:
                 times = "  ".join(

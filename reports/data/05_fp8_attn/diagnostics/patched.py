@@ -43,15 +43,18 @@ def replace_all(source: str, edits: list[tuple[str, str]]) -> str:
     return source
 
 
-def fp8_forward(module, q, k, v):
-    """o of ``module.forward`` (``fp8_hopper``'s signature) at q, k, v, K and V quantised first."""
+def fp8_forward(module, q, k, v, **options):
+    """o of ``module.forward`` (``fp8_hopper``'s signature, with ``options`` such as ``split``) at q,
+    k, v, K and V quantised first."""
     from tritonlab.attention import fp8
     from tritonlab.attention._common import LOG2E
     from tritonlab.attention.forward import _forward_outputs
 
     k8, ks, v8t, vs, vm = fp8._quantize_kv(k, v)
     o, lse = _forward_outputs(q)
-    module.forward(q, k8, ks, v8t, vs, vm, o, lse, q.shape[-1] ** -0.5 * LOG2E, fp8.KV_BLOCK, k.shape[2])
+    module.forward(
+        q, k8, ks, v8t, vs, vm, o, lse, q.shape[-1] ** -0.5 * LOG2E, fp8.KV_BLOCK, k.shape[2], **options
+    )
     return o
 
 
